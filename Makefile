@@ -1,0 +1,47 @@
+# pg_throttle — PGXS build. The version is set once, in pg_throttle.control.
+EXTENSION  = pg_throttle
+EXTVERSION := $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" $(EXTENSION).control)
+
+CORE_SRCS = src/core/time_math.cpp src/core/interval_gate.cpp
+PG_SRCS   = src/pg/module.cpp src/pg/boundary.cpp src/pg/clock.cpp src/pg/registry.cpp \
+            src/pg/arguments.cpp src/pg/holder.cpp src/pg/catalog.cpp \
+            src/pg/acquire.cpp src/pg/status.cpp
+
+MODULE_big = pg_throttle
+OBJS       = $(CORE_SRCS:.cpp=.o) $(PG_SRCS:.cpp=.o)
+DATA_built = $(EXTENSION)--$(EXTVERSION).sql
+
+REGRESS      = setup acquire bad_input status other_database
+REGRESS_OPTS = --load-extension=pg_throttle
+
+PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-register -Wno-missing-field-initializers \
+              -Wno-unused-parameter -Isrc
+SHLIB_LINK  = -lstdc++
+EXTRA_CLEAN = $(DATA_built) build/unit
+
+# The JIT bitcode step would need clang++ for the C++ sources; the module has
+# nothing worth inlining into queries.
+override with_llvm = no
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)
+
+$(EXTENSION)--$(EXTVERSION).sql: src/sql/$(EXTENSION).sql $(EXTENSION).control
+	cp $< $@
+
+# Unit tests of the pure core: no server, no PostgreSQL headers.
+UNIT_SRCS = $(wildcard test/unit/*_test.cpp)
+build/unit: $(CORE_SRCS) $(UNIT_SRCS) $(wildcard src/core/*.hpp)
+	@mkdir -p build
+	$(CXX) -std=c++17 -Wall -Wextra -Werror -O1 -g -Isrc \
+	  -DPG_INCLUDEDIR_SERVER='"$(shell $(PG_CONFIG) --includedir-server)"' \
+	  -o $@ $(CORE_SRCS) $(UNIT_SRCS) -lgtest -lgtest_main -pthread
+
+.PHONY: unit
+unit: build/unit
+	./build/unit
+
+.PHONY: print-version
+print-version:
+	@echo $(EXTVERSION)

@@ -1,0 +1,27 @@
+#include "core/time_math.hpp"
+
+namespace pg_throttle::core {
+
+Micros saturating_add(Micros a, Micros b) noexcept {
+    Micros sum = 0;
+    if (__builtin_add_overflow(a, b, &sum)) {
+        return b > 0 ? std::numeric_limits<Micros>::max() : std::numeric_limits<Micros>::min();
+    }
+    return sum;
+}
+
+std::optional<Micros> interval_to_micros(std::int32_t months, std::int32_t days,
+                                         std::int64_t micros) noexcept {
+    Micros from_months = 0;
+    Micros from_days = 0;
+    Micros total = 0;
+    if (__builtin_mul_overflow(static_cast<Micros>(months), kUsPerMonth, &from_months) ||
+        __builtin_mul_overflow(static_cast<Micros>(days), kUsPerDay, &from_days) ||
+        __builtin_add_overflow(from_months, from_days, &total) ||
+        __builtin_add_overflow(total, micros, &total)) {
+        return std::nullopt;
+    }
+    return total;
+}
+
+}  // namespace pg_throttle::core

@@ -1,0 +1,31 @@
+// Microsecond time arithmetic shared by every primitive.
+//
+// A time point is microseconds on PostgreSQL's TimestampTz scale (since
+// 2000-01-01 00:00 UTC); a duration is microseconds. Arithmetic saturates
+// instead of overflowing, so "far in the future" stays far in the future.
+#pragma once
+#include "core/cpp_only.hpp"
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+
+namespace pg_throttle::core {
+
+using Micros = std::int64_t;
+
+inline constexpr Micros kNever = std::numeric_limits<Micros>::max();
+inline constexpr Micros kUsPerSecond = 1'000'000;
+inline constexpr Micros kUsPerDay = 86'400 * kUsPerSecond;
+// PostgreSQL compares intervals with 1 month = 30 days, 1 day = 24 hours.
+inline constexpr Micros kUsPerMonth = 30 * kUsPerDay;
+
+// a + b, clamped to the int64 range.
+Micros saturating_add(Micros a, Micros b) noexcept;
+
+// A PostgreSQL interval (months, days, microseconds) as one duration, with the
+// conventions PostgreSQL uses to compare intervals. Empty when it does not fit.
+std::optional<Micros> interval_to_micros(std::int32_t months, std::int32_t days,
+                                         std::int64_t micros) noexcept;
+
+}  // namespace pg_throttle::core

@@ -1,0 +1,77 @@
+// throttle.acquire(resource text, every interval, holder text) RETURNS boolean
+//
+// At most one grant per interval per resource per database. A denial is
+// decided under the partition's shared lock; only a grant writes.
+#include "core/interval_gate.hpp"
+#include "pg/arguments.hpp"
+#include "pg/boundary.hpp"
+#include "pg/catalog.hpp"
+#include "pg/clock.hpp"
+#include "pg/holder.hpp"
+#include "pg/registry.hpp"
+
+namespace pg_throttle::pg {
+namespace {
+
+struct AcquireCall {
+    core::Micros now;
+    core::Micros every;
+    const Holder* holder;
+    bool granted;
+};
+
+core::IntervalWindow window_of(const RegistryEntry& entry) {
+    return core::IntervalWindow{entry.granted_at, entry.expires_at};
+}
+
+bool acquire_decide_shared(RegistryEntry* entry, void* ctx) {
+    auto* call = static_cast<AcquireCall*>(ctx);
+    if (entry == nullptr || !core::window_denies(window_of(*entry), call->now)) {
+        return false;  // a grant may be possible: decide under the exclusive lock
+    }
+    __atomic_fetch_add(&entry->denials, 1, __ATOMIC_RELAXED);
+    call->granted = false;
+    return true;
+}
+
+void acquire_apply_exclusive(RegistryEntry* entry, bool created, void* ctx) {
+    auto* call = static_cast<AcquireCall*>(ctx);
+    const core::IntervalWindow current = window_of(*entry);
+    const core::IntervalDecision decision =
+        core::decide_interval(created ? nullptr : &current, call->now, call->every);
+    call->granted = decision.granted;
+    if (!decision.granted) {
+        __atomic_fetch_add(&entry->denials, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    entry->granted_at = decision.window.granted_at;
+    entry->expires_at = decision.window.closes_at;
+    __atomic_fetch_add(&entry->grants, 1, __ATOMIC_RELAXED);
+    entry->holder_pid = MyProcPid;
+    memcpy(entry->holder, call->holder->text, sizeof entry->holder);
+}
+
+constexpr EntryOp kAcquireOp{acquire_decide_shared, acquire_apply_exclusive};
+
+Datum acquire(FunctionCallInfo fcinfo) {
+    registry_require();
+    require_not_null(fcinfo, 0, "resource");
+    const text* resource = PG_GETARG_TEXT_PP(0);
+    RegistryKey key;
+    registry_make_key(EntryKind::kResource, VARDATA_ANY(resource), VARSIZE_ANY_EXHDR(resource),
+                      "resource", &key);
+    const Interval declared = PG_ARGISNULL(1) ? declared_resource_interval(resource) : Interval{};
+    const Interval* every_arg = PG_ARGISNULL(1) ? &declared : PG_GETARG_INTERVAL_P(1);
+    const Holder holder = holder_from_argument(fcinfo, 2);
+
+    AcquireCall call{clock_now(), positive_interval(every_arg, "every"), &holder, false};
+    if (registry_apply(key, call.now, kAcquireOp, &call) == ApplyResult::kFull) {
+        registry_raise_full();
+    }
+    PG_RETURN_BOOL(call.granted);
+}
+
+}  // namespace
+}  // namespace pg_throttle::pg
+
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_acquire, pg_throttle::pg::acquire)

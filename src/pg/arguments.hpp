@@ -1,0 +1,20 @@
+// Checked reading of SQL arguments shared by the SQL function families.
+#pragma once
+
+#include "core/time_math.hpp"
+#include "pg/pg_headers.hpp"
+
+namespace pg_throttle::pg {
+
+// Raises 22004 naming `what` when argument `n` is NULL.
+void require_not_null(FunctionCallInfo fcinfo, int n, const char* what);
+
+// A positive interval as microseconds (1 month = 30 days, 1 day = 24 hours);
+// raises 22023 naming `what` when it is zero or negative, 22008 when too large.
+core::Micros positive_interval(const Interval* interval, const char* what);
+
+// The text `value` clipped to at most `limit` bytes on a character boundary,
+// copied NUL-terminated into `out` (which has room for limit + 1 bytes).
+void clip_text(const text* value, size_t limit, char* out);
+
+}  // namespace pg_throttle::pg

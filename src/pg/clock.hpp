@@ -1,0 +1,16 @@
+// The extension's one clock. Everything time-dependent reads "now" here, so
+// the superuser-only GUC pg_throttle.test_clock can stand in for real time.
+#pragma once
+
+#include "core/time_math.hpp"
+
+namespace pg_throttle::pg {
+
+// Defines pg_throttle.test_clock.
+void define_clock_guc();
+
+// The test clock when set, otherwise the real time (not the transaction's
+// start: a call inside a long transaction sees the time it is made).
+core::Micros clock_now();
+
+}  // namespace pg_throttle::pg

@@ -1,0 +1,46 @@
+// Module load: GUCs and the shared-memory hooks.
+#include "pg/clock.hpp"
+#include "pg/pg_headers.hpp"
+#include "pg/registry.hpp"
+
+extern "C" {
+PG_MODULE_MAGIC;
+void _PG_init(void);
+}
+
+namespace {
+
+shmem_request_hook_type previous_shmem_request = nullptr;
+shmem_startup_hook_type previous_shmem_startup = nullptr;
+
+void on_shmem_request() {
+    if (previous_shmem_request != nullptr) {
+        previous_shmem_request();
+    }
+    pg_throttle::pg::registry_request_shmem();
+}
+
+void on_shmem_startup() {
+    if (previous_shmem_startup != nullptr) {
+        previous_shmem_startup();
+    }
+    pg_throttle::pg::registry_attach_shmem();
+}
+
+}  // namespace
+
+void _PG_init(void) {
+    // Without preloading there is no shared memory: every function then
+    // raises SQLSTATE 55000 (registry_require) instead of working half-way.
+    if (!process_shared_preload_libraries_in_progress) {
+        return;
+    }
+    pg_throttle::pg::registry_define_gucs();
+    pg_throttle::pg::define_clock_guc();
+    MarkGUCPrefixReserved("pg_throttle");
+
+    previous_shmem_request = shmem_request_hook;
+    shmem_request_hook = on_shmem_request;
+    previous_shmem_startup = shmem_startup_hook;
+    shmem_startup_hook = on_shmem_startup;
+}

@@ -1,0 +1,206 @@
+#include "pg/registry.hpp"
+
+namespace pg_throttle::pg {
+namespace {
+
+constexpr int kPartitions = 16;
+constexpr const char* kTrancheName = "pg_throttle";
+
+int max_entries = 100000;
+HTAB* registry = nullptr;
+LWLockPadded* partition_locks = nullptr;
+
+uint32 key_hash(const void* key_ptr, Size /*keysize*/) {
+    const auto* key = static_cast<const RegistryKey*>(key_ptr);
+    uint32 h = hash_uint32(key->dbid);
+    h = hash_combine(h, key->kind);
+    return hash_combine(
+        h, hash_bytes(reinterpret_cast<const unsigned char*>(key->name), key->name_len));
+}
+
+int key_compare(const void* a_ptr, const void* b_ptr, Size /*keysize*/) {
+    const auto* a = static_cast<const RegistryKey*>(a_ptr);
+    const auto* b = static_cast<const RegistryKey*>(b_ptr);
+    if (a->dbid != b->dbid || a->kind != b->kind || a->name_len != b->name_len) {
+        return 1;
+    }
+    return memcmp(a->name, b->name, a->name_len);
+}
+
+LWLock* partition_lock(uint32 hash) { return &partition_locks[hash % kPartitions].lock; }
+
+// Holds one partition lock for a scope in which nothing raises an error.
+// Error abort releases all LWLocks itself, hence the LWLockHeldByMe check.
+class PartitionLock {
+public:
+    PartitionLock(LWLock* lock, LWLockMode mode) : lock_(lock) { LWLockAcquire(lock_, mode); }
+    PartitionLock(const PartitionLock&) = delete;
+    PartitionLock& operator=(const PartitionLock&) = delete;
+    ~PartitionLock() { release(); }
+    void release() {
+        if (LWLockHeldByMe(lock_)) {
+            LWLockRelease(lock_);
+        }
+    }
+
+private:
+    LWLock* lock_;
+};
+
+void lock_all_partitions(LWLockMode mode) {
+    for (int i = 0; i < kPartitions; i++) {
+        LWLockAcquire(&partition_locks[i].lock, mode);
+    }
+}
+
+void unlock_all_partitions() {
+    for (int i = kPartitions - 1; i >= 0; i--) {
+        LWLockRelease(&partition_locks[i].lock);
+    }
+}
+
+// Drops every entry that no longer constrains anyone. Returns how many.
+long reclaim_expired(core::Micros now) {
+    long reclaimed = 0;
+    lock_all_partitions(LW_EXCLUSIVE);
+    HASH_SEQ_STATUS scan;
+    hash_seq_init(&scan, registry);
+    while (auto* entry = static_cast<RegistryEntry*>(hash_seq_search(&scan))) {
+        if (now >= entry->expires_at) {
+            hash_search(registry, &entry->key, HASH_REMOVE, nullptr);
+            reclaimed++;
+        }
+    }
+    unlock_all_partitions();
+    return reclaimed;
+}
+
+// One attempt: the shared read-only path, then the exclusive path.
+bool try_apply(const RegistryKey& key, uint32 hash, const EntryOp& op, void* ctx) {
+    LWLock* lock = partition_lock(hash);
+    {
+        PartitionLock shared(lock, LW_SHARED);
+        auto* entry = static_cast<RegistryEntry*>(
+            hash_search_with_hash_value(registry, &key, hash, HASH_FIND, nullptr));
+        if (op.decide_shared(entry, ctx)) {
+            return true;
+        }
+    }
+    PartitionLock exclusive(lock, LW_EXCLUSIVE);
+    bool found = false;
+    auto* entry = static_cast<RegistryEntry*>(
+        hash_search_with_hash_value(registry, &key, hash, HASH_ENTER_NULL, &found));
+    if (entry == nullptr) {
+        return false;
+    }
+    if (!found) {
+        memset(reinterpret_cast<char*>(entry) + sizeof(RegistryKey), 0,
+               sizeof(RegistryEntry) - sizeof(RegistryKey));
+    }
+    op.apply_exclusive(entry, !found, ctx);
+    return true;
+}
+
+}  // namespace
+
+const char* entry_kind_name(EntryKind kind) {
+    switch (kind) {
+        case EntryKind::kResource:
+            return "resource";
+    }
+    return "unknown";
+}
+
+void registry_define_gucs() {
+    DefineCustomIntVariable(
+        "pg_throttle.max_entries", "Most entries the shared-memory registry holds.",
+        "Each resource, bucket or lock in force takes one entry. Set at server start.",
+        &max_entries, 100000, 100, 50000000, PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
+}
+
+void registry_request_shmem() {
+    RequestAddinShmemSpace(hash_estimate_size(max_entries, sizeof(RegistryEntry)));
+    RequestNamedLWLockTranche(kTrancheName, kPartitions);
+}
+
+void registry_attach_shmem() {
+    HASHCTL info{};
+    info.keysize = sizeof(RegistryKey);
+    info.entrysize = sizeof(RegistryEntry);
+    info.hash = key_hash;
+    info.match = key_compare;
+    info.num_partitions = kPartitions;
+    LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+    partition_locks = GetNamedLWLockTranche(kTrancheName);
+    registry = ShmemInitHash("pg_throttle registry", max_entries, max_entries, &info,
+                             HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_PARTITION |
+                                 HASH_FIXED_SIZE);
+    LWLockRelease(AddinShmemInitLock);
+}
+
+void registry_require() {
+    if (registry == nullptr) {
+        ereport(ERROR,
+                (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+                 errmsg("pg_throttle must be loaded via shared_preload_libraries"),
+                 errhint("Add pg_throttle to shared_preload_libraries in postgresql.conf and "
+                         "restart the server.")));
+    }
+}
+
+void registry_make_key(EntryKind kind, const char* name, size_t len, const char* what,
+                       RegistryKey* key) {
+    switch (core::check_name_length(len)) {
+        case core::NameCheck::kEmpty:
+            ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                            errmsg("%s name must not be empty", what)));
+            break;
+        case core::NameCheck::kTooLong:
+            ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                            errmsg("%s name is too long", what),
+                            errdetail("The name has %zu bytes; the limit is %zu bytes.", len,
+                                      core::kMaxNameBytes)));
+            break;
+        case core::NameCheck::kOk:
+            break;
+    }
+    memset(key, 0, sizeof *key);
+    key->dbid = MyDatabaseId;
+    key->kind = static_cast<uint8>(kind);
+    key->name_len = static_cast<uint8>(len);
+    memcpy(key->name, name, len);
+}
+
+ApplyResult registry_apply(const RegistryKey& key, core::Micros now, const EntryOp& op,
+                           void* ctx) {
+    const uint32 hash = get_hash_value(registry, &key);
+    if (try_apply(key, hash, op, ctx)) {
+        return ApplyResult::kDone;
+    }
+    reclaim_expired(now);
+    return try_apply(key, hash, op, ctx) ? ApplyResult::kDone : ApplyResult::kFull;
+}
+
+void registry_raise_full() {
+    ereport(ERROR, (errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+                    errmsg("pg_throttle registry is full"),
+                    errdetail("All %d entries are in force; none can be reclaimed.", max_entries),
+                    errhint("Increase pg_throttle.max_entries and restart the server.")));
+    pg_unreachable();
+}
+
+void registry_scan(core::Micros now, void (*visit)(const RegistryEntry& entry, void* ctx),
+                   void* ctx) {
+    // No RAII here: `visit` may raise an error, and error abort releases the locks.
+    lock_all_partitions(LW_SHARED);
+    HASH_SEQ_STATUS scan;
+    hash_seq_init(&scan, registry);
+    while (const auto* entry = static_cast<const RegistryEntry*>(hash_seq_search(&scan))) {
+        if (entry->key.dbid == MyDatabaseId && now < entry->expires_at) {
+            visit(*entry, ctx);
+        }
+    }
+    unlock_all_partitions();
+}
+
+}  // namespace pg_throttle::pg

@@ -1,0 +1,79 @@
+// The shared-memory registry: one hash table of entries keyed by
+// (database, kind, name), split into partitions that each have an LWLock.
+//
+// An entry whose expires_at has passed constrains nobody and is equivalent to
+// an absent one; such entries are reclaimed when the table needs room.
+#pragma once
+
+#include "core/names.hpp"
+#include "core/time_math.hpp"
+#include "pg/pg_headers.hpp"
+
+namespace pg_throttle::pg {
+
+enum class EntryKind : uint8 { kResource = 1 };
+
+const char* entry_kind_name(EntryKind kind);
+
+struct RegistryKey {
+    Oid dbid;
+    uint8 kind;  // an EntryKind
+    uint8 name_len;
+    char name[core::kMaxNameBytes];  // not NUL-terminated; bytes past name_len are zero
+};
+
+struct RegistryEntry {
+    RegistryKey key;  // first: dynahash keeps the key at the start of the entry
+    core::Micros granted_at;
+    core::Micros expires_at;  // the entry constrains callers strictly before this instant
+    // Counters since the entry was created. Changed with __atomic builtins:
+    // denials are counted under the partition's shared lock.
+    uint64 grants;
+    uint64 denials;
+    int32 holder_pid;
+    char holder[core::kMaxHolderBytes + 1];
+};
+
+static_assert(std::is_trivially_copyable_v<RegistryKey>);
+static_assert(std::is_trivially_copyable_v<RegistryEntry>);
+static_assert(offsetof(RegistryEntry, key) == 0);
+
+// What one call does to one entry. Neither callback may raise an error: they
+// run under an LWLock.
+struct EntryOp {
+    // Under the shared lock; `entry` is null when absent. Returns true when the
+    // call is decided without changing anything but counters.
+    bool (*decide_shared)(RegistryEntry* entry, void* ctx);
+    // Under the exclusive lock; `created` tells a fresh entry (key set,
+    // everything else zero).
+    void (*apply_exclusive)(RegistryEntry* entry, bool created, void* ctx);
+};
+
+enum class ApplyResult { kDone, kFull };
+
+// shmem_request_hook / shmem_startup_hook halves.
+void registry_define_gucs();
+void registry_request_shmem();
+void registry_attach_shmem();
+
+// Raises SQLSTATE 55000 unless the library was preloaded.
+void registry_require();
+
+// Builds the key of `name` in the current database; raises 22023 for an
+// empty or over-long name, naming the argument `what`.
+void registry_make_key(EntryKind kind, const char* name, size_t len, const char* what,
+                       RegistryKey* key);
+
+// Runs `op` on the entry of `key`, creating it when absent. Reclaims expired
+// entries (as of `now`) when the table is full; kFull when none could be.
+ApplyResult registry_apply(const RegistryKey& key, core::Micros now, const EntryOp& op, void* ctx);
+
+// Raises SQLSTATE 53200 with a hint naming pg_throttle.max_entries.
+[[noreturn]] void registry_raise_full();
+
+// Calls `visit` for each entry of the current database still in force at
+// `now`, under every partition's shared lock. `visit` may raise an error.
+void registry_scan(core::Micros now, void (*visit)(const RegistryEntry& entry, void* ctx),
+                   void* ctx);
+
+}  // namespace pg_throttle::pg
