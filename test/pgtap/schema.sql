@@ -1,0 +1,53 @@
+-- The installed SQL surface: objects, signatures, properties, documentation.
+BEGIN;
+SELECT plan(20);
+
+SELECT has_schema('throttle');
+SELECT has_table('throttle', 'resource', 'catalog table throttle.resource');
+SELECT col_is_pk('throttle', 'resource', 'name', 'resource name is the primary key');
+SELECT col_type_is('throttle', 'resource', 'every', 'interval', 'every is an interval');
+SELECT col_not_null('throttle', 'resource', 'every', 'every is required');
+SELECT col_type_is('throttle', 'resource', 'comment', 'text', 'comment is text');
+SELECT has_view('throttle', 'status', 'view throttle.status');
+SELECT columns_are('throttle', 'status',
+    ARRAY['kind', 'name', 'holder', 'holder_pid', 'granted_at', 'next_grant_at', 'grants', 'denials'],
+    'throttle.status has the documented columns');
+
+SELECT has_function('throttle', 'acquire', ARRAY['text', 'interval', 'text']);
+SELECT function_returns('throttle', 'acquire', ARRAY['text', 'interval', 'text'], 'boolean');
+SELECT volatility_is('throttle', 'acquire', ARRAY['text', 'interval', 'text'], 'volatile',
+    'acquire is volatile: every call is a new decision');
+SELECT isnt_strict('throttle', 'acquire', ARRAY['text', 'interval', 'text'],
+    'acquire is not strict: a NULL interval means the declared one');
+
+SELECT is(
+    (SELECT array_agg(p.proname::text ORDER BY p.proname)
+     FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+     WHERE n.nspname = 'throttle' AND obj_description(p.oid, 'pg_proc') IS NULL),
+    NULL,
+    'every function in schema throttle has a COMMENT');
+SELECT is(
+    (SELECT count(*)::int FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE n.nspname = 'throttle' AND c.relkind IN ('r', 'v') AND obj_description(c.oid, 'pg_class') IS NULL),
+    0,
+    'every table and view in schema throttle has a COMMENT');
+
+SELECT is((SELECT extrelocatable FROM pg_extension WHERE extname = 'pg_throttle'), false,
+    'the extension is not relocatable');
+SELECT is((SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'pg_throttle'),
+    'throttle', 'the extension lives in schema throttle');
+SELECT is(
+    (SELECT array_agg(c::regclass::text) FROM pg_extension e, unnest(e.extconfig) AS c
+     WHERE e.extname = 'pg_throttle'),
+    ARRAY['throttle.resource'],
+    'pg_dump keeps the rows operators put in throttle.resource');
+SELECT is((SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle'),
+    (SELECT default_version FROM pg_available_extensions WHERE name = 'pg_throttle'),
+    'the installed version is the default version');
+SELECT ok(has_table_privilege('public', 'throttle.resource', 'SELECT'),
+    'everyone may read declared resources');
+SELECT ok(NOT has_table_privilege('public', 'throttle.resource', 'INSERT'),
+    'only privileged roles may declare resources');
+
+SELECT * FROM finish();
+ROLLBACK;
