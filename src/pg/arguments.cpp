@@ -4,16 +4,16 @@ namespace pg_throttle::pg {
 
 void require_not_null(FunctionCallInfo fcinfo, int n, const char* what) {
     if (PG_ARGISNULL(n)) {
-        ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-                        errmsg("%s must not be NULL", what)));
+        ereport(ERROR,
+                (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("%s must not be NULL", what)));
     }
 }
 
 core::Micros positive_interval(const Interval* interval, const char* what) {
     const auto micros = core::interval_to_micros(interval->month, interval->day, interval->time);
     if (!micros.has_value()) {
-        ereport(ERROR, (errcode(ERRCODE_DATETIME_FIELD_OVERFLOW),
-                        errmsg("%s is out of range", what)));
+        ereport(ERROR,
+                (errcode(ERRCODE_DATETIME_FIELD_OVERFLOW), errmsg("%s is out of range", what)));
     }
     if (*micros <= 0) {
         ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),

@@ -19,8 +19,10 @@ Datum call_guarded(FunctionCallInfo fcinfo, SqlImpl impl);
 }  // namespace pg_throttle::pg
 
 // Declares the extern "C" entry point `name` that runs `impl` behind the guard.
-#define PG_THROTTLE_SQL_FUNCTION(name, impl)                                          \
-    extern "C" {                                                                      \
-    PG_FUNCTION_INFO_V1(name);                                                        \
-    Datum name(PG_FUNCTION_ARGS) { return pg_throttle::pg::call_guarded(fcinfo, impl); } \
+#define PG_THROTTLE_SQL_FUNCTION(name, impl)                \
+    extern "C" {                                            \
+    PG_FUNCTION_INFO_V1(name);                              \
+    Datum name(PG_FUNCTION_ARGS) {                          \
+        return pg_throttle::pg::call_guarded(fcinfo, impl); \
+    }                                                       \
     }

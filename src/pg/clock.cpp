@@ -42,7 +42,8 @@ bool check_test_clock(char** newval, void** extra, GucSource /*source*/) {
         return false;
     }
     // guc.c releases "extra" with free().
-    auto* stored = static_cast<TimestampTz*>(malloc(sizeof(TimestampTz)));;
+    auto* stored = static_cast<TimestampTz*>(malloc(sizeof(TimestampTz)));
+    ;
     if (stored == nullptr) {
         return false;
     }
@@ -66,6 +67,8 @@ void define_clock_guc() {
         "", PGC_SUSET, 0, check_test_clock, assign_test_clock, nullptr);
 }
 
-core::Micros clock_now() { return test_clock_set ? test_clock_value : GetCurrentTimestamp(); }
+core::Micros clock_now() {
+    return test_clock_set ? test_clock_value : GetCurrentTimestamp();
+}
 
 }  // namespace pg_throttle::pg

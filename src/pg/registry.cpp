@@ -27,7 +27,9 @@ int key_compare(const void* a_ptr, const void* b_ptr, Size /*keysize*/) {
     return memcmp(a->name, b->name, a->name_len);
 }
 
-LWLock* partition_lock(uint32 hash) { return &partition_locks[hash % kPartitions].lock; }
+LWLock* partition_lock(uint32 hash) {
+    return &partition_locks[hash % kPartitions].lock;
+}
 
 // Holds one partition lock for a scope in which nothing raises an error.
 // Error abort releases all LWLocks itself, hence the LWLockHeldByMe check.
@@ -132,9 +134,9 @@ void registry_attach_shmem() {
     info.num_partitions = kPartitions;
     LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
     partition_locks = GetNamedLWLockTranche(kTrancheName);
-    registry = ShmemInitHash("pg_throttle registry", max_entries, max_entries, &info,
-                             HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_PARTITION |
-                                 HASH_FIXED_SIZE);
+    registry =
+        ShmemInitHash("pg_throttle registry", max_entries, max_entries, &info,
+                      HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_PARTITION | HASH_FIXED_SIZE);
     LWLockRelease(AddinShmemInitLock);
 }
 
@@ -156,10 +158,10 @@ void registry_make_key(EntryKind kind, const char* name, size_t len, const char*
                             errmsg("%s name must not be empty", what)));
             break;
         case core::NameCheck::kTooLong:
-            ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                            errmsg("%s name is too long", what),
-                            errdetail("The name has %zu bytes; the limit is %zu bytes.", len,
-                                      core::kMaxNameBytes)));
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("%s name is too long", what),
+                     errdetail("The name has %zu bytes; the limit is %zu bytes.", len,
+                               core::kMaxNameBytes)));
             break;
         case core::NameCheck::kOk:
             break;
@@ -171,8 +173,7 @@ void registry_make_key(EntryKind kind, const char* name, size_t len, const char*
     memcpy(key->name, name, len);
 }
 
-ApplyResult registry_apply(const RegistryKey& key, core::Micros now, const EntryOp& op,
-                           void* ctx) {
+ApplyResult registry_apply(const RegistryKey& key, core::Micros now, const EntryOp& op, void* ctx) {
     const uint32 hash = get_hash_value(registry, &key);
     if (try_apply(key, hash, op, ctx)) {
         return ApplyResult::kDone;
@@ -182,7 +183,7 @@ ApplyResult registry_apply(const RegistryKey& key, core::Micros now, const Entry
 }
 
 void registry_raise_full() {
-    ereport(ERROR, (errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+    ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY),  // 53200, as "out of shared memory"
                     errmsg("pg_throttle registry is full"),
                     errdetail("All %d entries are in force; none can be reclaimed.", max_entries),
                     errhint("Increase pg_throttle.max_entries and restart the server.")));

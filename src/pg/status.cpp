@@ -33,7 +33,8 @@ void emit_status_row(const RegistryEntry& entry, void* ctx) {
     values[4] = timestamp_or_infinity(entry.granted_at);
     values[5] = timestamp_or_infinity(entry.expires_at);
     values[6] = Int64GetDatum(static_cast<int64>(__atomic_load_n(&entry.grants, __ATOMIC_RELAXED)));
-    values[7] = Int64GetDatum(static_cast<int64>(__atomic_load_n(&entry.denials, __ATOMIC_RELAXED)));
+    values[7] =
+        Int64GetDatum(static_cast<int64>(__atomic_load_n(&entry.denials, __ATOMIC_RELAXED)));
     tuplestore_putvalues(scan->rsinfo->setResult, scan->rsinfo->setDesc, values, nulls);
 }
 

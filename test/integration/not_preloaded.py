@@ -1,0 +1,36 @@
+#!/usr/bin/python3
+"""Without shared_preload_libraries: CREATE EXTENSION works, every call says why it cannot."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from pgconn import connect, sql_error  # noqa: E402
+from tap import Tap  # noqa: E402
+
+CALLS = [
+    "SELECT throttle.acquire('np.job', '1 hour')",
+    "SELECT throttle.acquire('np.job')",
+    "SELECT * FROM throttle.status",
+]
+
+
+def main():
+    tap = Tap(2 + 3 * len(CALLS))
+    conn = connect()
+    cur = conn.cursor()
+    cur.execute("SHOW shared_preload_libraries")
+    tap.ok("pg_throttle" not in cur.fetchone()[0], "this cluster does not preload pg_throttle")
+    tap.is_(sql_error(conn, "CREATE EXTENSION pg_throttle"), None, "CREATE EXTENSION still works")
+    for call in CALLS:
+        err = sql_error(conn, call)
+        tap.ok(err is not None and err[0] == "55000", f"{call}: SQLSTATE 55000", repr(err))
+        tap.ok(err is not None and "shared_preload_libraries" in err[1],
+               f"{call}: the message names shared_preload_libraries", repr(err))
+        tap.ok(err is not None and err[2] is not None and "shared_preload_libraries" in err[2],
+               f"{call}: the hint says how to fix it", repr(err))
+    conn.close()
+    tap.done()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+#!/usr/bin/python3
+"""A small registry (pg_throttle.max_entries = 100): reclaiming and refusing.
+
+Entries whose interval has passed are reclaimed when room is needed; live ones
+never are, and when only live ones remain the call fails with 53200.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from pgconn import connect, sql_error  # noqa: E402
+from tap import Tap  # noqa: E402
+
+CAPACITY = 100
+
+
+def set_clock(cur, ts):
+    cur.execute("SET pg_throttle.test_clock = %s", (ts,))
+
+
+def grants(cur, prefix, first, last, every):
+    cur.execute("SELECT count(*) FILTER (WHERE throttle.acquire(%s || g, %s)) "
+                "FROM generate_series(%s, %s) AS g", (prefix, every, first, last))
+    return cur.fetchone()[0]
+
+
+def main():
+    tap = Tap(11)
+    conn = connect()
+    cur = conn.cursor()
+    cur.execute("CREATE EXTENSION IF NOT EXISTS pg_throttle")
+    cur.execute("SHOW pg_throttle.max_entries")
+    tap.is_(int(cur.fetchone()[0]), CAPACITY, "the registry holds 100 entries")
+
+    set_clock(cur, "2032-01-01 00:00:00+00")
+    # Half the entries for one minute, half for one day.
+    tap.is_(grants(cur, "full.short.", 1, 50, "1 minute"), 50, "50 one-minute grants")
+    tap.is_(grants(cur, "full.long.", 1, 50, "1 day"), 50, "50 one-day grants fill the registry")
+
+    err = sql_error(conn, "SELECT throttle.acquire('full.extra', '1 hour')")
+    tap.ok(err is not None and err[0] == "53200", "a 101st live entry: SQLSTATE 53200", repr(err))
+    tap.ok(err is not None and err[2] is not None and "pg_throttle.max_entries" in err[2],
+           "the hint names pg_throttle.max_entries", repr(err))
+    # An existing entry is still decided while the registry is full.
+    tap.is_(grants(cur, "full.long.", 1, 50, "1 day"), 0, "existing live entries still deny")
+
+    # Two minutes later the one-minute entries no longer constrain anyone.
+    set_clock(cur, "2032-01-01 00:02:00+00")
+    tap.is_(grants(cur, "full.new.", 1, 50, "1 hour"), 50,
+            "50 new entries fit once the expired ones are reclaimed")
+    err = sql_error(conn, "SELECT throttle.acquire('full.extra', '1 hour')")
+    tap.ok(err is not None and err[0] == "53200", "full again: SQLSTATE 53200", repr(err))
+    tap.is_(grants(cur, "full.long.", 1, 50, "1 day"), 0,
+            "no live entry was dropped to make room: the one-day grants still deny")
+    cur.execute("SELECT count(*) FROM throttle.status")
+    tap.is_(cur.fetchone()[0], CAPACITY, "status shows the 100 live entries")
+
+    # A refused call granted nothing: the name is still free once there is room.
+    set_clock(cur, "2032-01-02 00:00:00+00")
+    cur.execute("SELECT throttle.acquire('full.extra', '1 hour')")
+    tap.ok(cur.fetchone()[0], "the refused name is granted once the registry has room")
+    conn.close()
+    tap.done()
+
+
+if __name__ == "__main__":
+    main()
