@@ -45,3 +45,15 @@ unit: build/unit
 .PHONY: print-version
 print-version:
 	@echo $(EXTVERSION)
+
+# Lint: the project's clang-format and clang-tidy settings.
+LINT_SRCS = $(CORE_SRCS) $(PG_SRCS) $(UNIT_SRCS)
+.PHONY: format format-check tidy
+format:
+	clang-format -i $(LINT_SRCS) $(wildcard src/*/*.hpp)
+format-check:
+	clang-format --dry-run -Werror $(LINT_SRCS) $(wildcard src/*/*.hpp)
+tidy:
+	clang-tidy --quiet $(LINT_SRCS) -- -std=c++17 -Isrc -Wno-register \
+	  -I$(shell $(PG_CONFIG) --includedir-server) \
+	  -DPG_INCLUDEDIR_SERVER='"$(shell $(PG_CONFIG) --includedir-server)"'

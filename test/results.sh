@@ -1,0 +1,52 @@
+# Runs a suite, shows its output, and records how many of its tests passed and
+# failed, read from the suite's own closing lines.
+# shellcheck shell=bash
+
+: "${PG_THROTTLE_RESULTS:=/dev/null}"
+
+# run_suite NAME FORMAT COMMAND...   FORMAT: gtest, regress, prove or count
+run_suite() {
+    local name=$1 format=$2
+    shift 2
+    local log rc passed failed
+    log=$(mktemp)
+    echo "---- $name: $*"
+    "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    case "$format" in
+    gtest)
+        passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\?\./\1/p' "$log" | tail -1)
+        failed=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) tests\?, listed below:/\1/p' "$log" | tail -1)
+        ;;
+    regress)
+        local total
+        total=$(sed -n 's/.*All \([0-9]*\) tests passed.*/\1/p' "$log" | tail -1)
+        if [ -n "$total" ]; then
+            passed=$total failed=0
+        else
+            failed=$(sed -n 's/.* \([0-9]*\) of \([0-9]*\) tests failed.*/\1/p' "$log" | tail -1)
+            total=$(sed -n 's/.* \([0-9]*\) of \([0-9]*\) tests failed.*/\2/p' "$log" | tail -1)
+            passed=$(( ${total:-0} - ${failed:-0} ))
+        fi
+        ;;
+    prove)
+        local total
+        total=$(sed -n 's/^Files=[0-9]*, Tests=\([0-9]*\),.*/\1/p' "$log" | tail -1)
+        failed=$(sed -n 's/.*(Wstat: [0-9]* .*Tests: [0-9]* Failed: \([0-9]*\)).*/\1/p' "$log" |
+            awk '{s += $1} END {print s + 0}')
+        passed=$(( ${total:-0} - failed ))
+        ;;
+    count)
+        # A check that is one test: passed when the command succeeds.
+        passed=$(( rc == 0 ? 1 : 0 )) failed=$(( rc == 0 ? 0 : 1 ))
+        ;;
+    esac
+    passed=${passed:-0} failed=${failed:-0}
+    # A suite that exits non-zero has failed, whatever it counted.
+    if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
+        failed=1
+    fi
+    rm -f "$log"
+    echo "$name $passed $failed" >>"$PG_THROTTLE_RESULTS"
+    echo "---- $name: $passed passed, $failed failed"
+}

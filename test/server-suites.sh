@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs the suites that need a server, against the cluster named by the libpq
+# environment (pg_virtualenv sets it). One profile per server configuration:
+#   main           pg_throttle preloaded, default settings: pg_regress, pgTAP, concurrency
+#   small-registry pg_throttle preloaded, pg_throttle.max_entries = 100
+#   not-preloaded  pg_throttle installed but not in shared_preload_libraries
+# Each suite's counts are appended to $PG_THROTTLE_RESULTS as "suite passed failed".
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+source "$ROOT/test/results.sh"
+cd "$ROOT"
+
+profile=${1:?profile: main, small-registry or not-preloaded}
+case "$profile" in
+main)
+    run_suite pg_regress regress make -s installcheck
+    [ -f regression.diffs ] && cat regression.diffs
+    psql -qX -v ON_ERROR_STOP=1 -c "CREATE EXTENSION IF NOT EXISTS pgtap" \
+        -c "CREATE EXTENSION IF NOT EXISTS pg_throttle"
+    run_suite pgtap prove pg_prove --verbose test/pgtap/*.sql
+    run_suite concurrency prove prove --verbose test/integration/concurrency.py
+    ;;
+small-registry)
+    run_suite registry-full prove prove --verbose test/integration/registry_full.py
+    ;;
+not-preloaded)
+    run_suite not-preloaded prove prove --verbose test/integration/not_preloaded.py
+    ;;
+*)
+    echo "unknown profile $profile" >&2
+    exit 2
+    ;;
+esac
