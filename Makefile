@@ -57,3 +57,8 @@ tidy:
 	clang-tidy --quiet $(LINT_SRCS) -- -std=c++17 -Isrc -Wno-register \
 	  -I$(shell $(PG_CONFIG) --includedir-server) \
 	  -DPG_INCLUDEDIR_SERVER='"$(shell $(PG_CONFIG) --includedir-server)"'
+
+# Benchmarks against SELECT 1 and the SQL recipes (bench/run.sh).
+.PHONY: bench
+bench:
+	bash bench/run.sh

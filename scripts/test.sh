@@ -20,12 +20,13 @@ source "$ROOT/test/results.sh"
 
 run_suite clang-format count make -s format-check
 run_suite clang-tidy count make -s tidy
+run_suite meta prove prove test/check_meta.py
 run_suite unit gtest make -s unit
 run_suite cmake count scripts/cmake-build.sh
 
 test/run-server-profiles.sh
 
-expected_suites=9
+expected_suites=10
 echo
 echo "Suites:"
 awk '{printf "  %-14s %4d passed, %d failed\n", $1, $2, $3}' "$PG_THROTTLE_RESULTS"

@@ -10,6 +10,26 @@ int max_entries = 100000;
 HTAB* registry = nullptr;
 LWLockPadded* partition_locks = nullptr;
 
+// Registry-wide state in shared memory.
+struct RegistryShared {
+    // No entry expires before this instant, so a reclaim before it would find
+    // nothing. Lowered (under a partition's exclusive lock) whenever an entry
+    // gets an earlier expiry; set by a reclaim (under every partition's lock)
+    // to the earliest expiry that survived it. Keeps a full registry from
+    // rescanning every entry on every call.
+    core::Micros reclaim_not_before;
+};
+static_assert(std::is_trivially_copyable_v<RegistryShared>);
+RegistryShared* shared_state = nullptr;
+
+void lower_reclaim_not_before(core::Micros expires_at) {
+    core::Micros seen = __atomic_load_n(&shared_state->reclaim_not_before, __ATOMIC_RELAXED);
+    while (expires_at < seen &&
+           !__atomic_compare_exchange_n(&shared_state->reclaim_not_before, &seen, expires_at, true,
+                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+}
+
 uint32 key_hash(const void* key_ptr, Size /*keysize*/) {
     const auto* key = static_cast<const RegistryKey*>(key_ptr);
     uint32 h = hash_uint32(key->dbid);
@@ -65,13 +85,19 @@ void unlock_all_partitions() {
 long reclaim_expired(core::Micros now) {
     long reclaimed = 0;
     lock_all_partitions(LW_EXCLUSIVE);
-    HASH_SEQ_STATUS scan;
-    hash_seq_init(&scan, registry);
-    while (auto* entry = static_cast<RegistryEntry*>(hash_seq_search(&scan))) {
-        if (now >= entry->expires_at) {
-            hash_search(registry, &entry->key, HASH_REMOVE, nullptr);
-            reclaimed++;
+    if (now >= shared_state->reclaim_not_before) {
+        core::Micros earliest_survivor = core::kNever;
+        HASH_SEQ_STATUS scan;
+        hash_seq_init(&scan, registry);
+        while (auto* entry = static_cast<RegistryEntry*>(hash_seq_search(&scan))) {
+            if (now >= entry->expires_at) {
+                hash_search(registry, &entry->key, HASH_REMOVE, nullptr);
+                reclaimed++;
+            } else if (entry->expires_at < earliest_survivor) {
+                earliest_survivor = entry->expires_at;
+            }
         }
+        shared_state->reclaim_not_before = earliest_survivor;
     }
     unlock_all_partitions();
     return reclaimed;
@@ -100,6 +126,7 @@ bool try_apply(const RegistryKey& key, uint32 hash, const EntryOp& op, void* ctx
                sizeof(RegistryEntry) - sizeof(RegistryKey));
     }
     op.apply_exclusive(entry, !found, ctx);
+    lower_reclaim_not_before(entry->expires_at);
     return true;
 }
 
@@ -121,7 +148,8 @@ void registry_define_gucs() {
 }
 
 void registry_request_shmem() {
-    RequestAddinShmemSpace(hash_estimate_size(max_entries, sizeof(RegistryEntry)));
+    RequestAddinShmemSpace(add_size(MAXALIGN(sizeof(RegistryShared)),
+                                    hash_estimate_size(max_entries, sizeof(RegistryEntry))));
     RequestNamedLWLockTranche(kTrancheName, kPartitions);
 }
 
@@ -134,6 +162,12 @@ void registry_attach_shmem() {
     info.num_partitions = kPartitions;
     LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
     partition_locks = GetNamedLWLockTranche(kTrancheName);
+    bool found = false;
+    shared_state = static_cast<RegistryShared*>(
+        ShmemInitStruct("pg_throttle registry state", sizeof(RegistryShared), &found));
+    if (!found) {
+        shared_state->reclaim_not_before = core::kNever;
+    }
     registry =
         ShmemInitHash("pg_throttle registry", max_entries, max_entries, &info,
                       HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_PARTITION | HASH_FIXED_SIZE);

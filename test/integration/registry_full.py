@@ -25,7 +25,7 @@ def grants(cur, prefix, first, last, every):
 
 
 def main():
-    tap = Tap(11)
+    tap = Tap(13)
     conn = connect()
     cur = conn.cursor()
     cur.execute("CREATE EXTENSION IF NOT EXISTS pg_throttle")
@@ -54,6 +54,14 @@ def main():
             "no live entry was dropped to make room: the one-day grants still deny")
     cur.execute("SELECT count(*) FROM throttle.status")
     tap.is_(cur.fetchone()[0], CAPACITY, "status shows the 100 live entries")
+
+    # The one-hour entries were added after the last reclaim; once they expire
+    # they are reclaimed too, while the one-day entries still hold.
+    set_clock(cur, "2032-01-01 01:03:00+00")
+    tap.is_(grants(cur, "full.later.", 1, 50, "1 hour"), 50,
+            "entries created after a reclaim are reclaimed once they expire")
+    err = sql_error(conn, "SELECT throttle.acquire('full.extra', '1 hour')")
+    tap.ok(err is not None and err[0] == "53200", "and the registry is full again", repr(err))
 
     # A refused call granted nothing: the name is still free once there is room.
     set_clock(cur, "2032-01-02 00:00:00+00")

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# make bench: pg_throttle against SELECT 1 and the SQL recipes, on a throwaway
+# cluster, with pgbench (prepared protocol). Rounds are interleaved so that
+# drift hits every contender alike; the table reports the median round.
+#   BENCH_SECONDS (5)  BENCH_ROUNDS (3)  BENCH_CLIENTS (8)  BENCH_THREADS (2)
+set -euo pipefail
+source "$(dirname "$0")/../scripts/lib.sh"
+
+if [ "${1:-}" != "--inside" ]; then
+    install_missing_packages
+    build_and_install
+    exec pg_virtualenv -t -o shared_preload_libraries=pg_throttle -o max_connections=100 -o pg_throttle.max_entries=200000 \
+        -o shared_buffers=256MB "$0" --inside
+fi
+
+cd "$ROOT/bench"
+SECONDS_PER_RUN=${BENCH_SECONDS:-5}
+ROUNDS=${BENCH_ROUNDS:-3}
+CLIENTS=${BENCH_CLIENTS:-8}
+THREADS=${BENCH_THREADS:-2}
+out=$(mktemp -d)
+
+psql -qX -v ON_ERROR_STOP=1 -f setup.sql
+# The 100 000 resources exist before the runs: every call is a lookup of a live key.
+psql -qX -v ON_ERROR_STOP=1 -c \
+    "SELECT count(*) FROM generate_series(1, 100000) AS g WHERE throttle.acquire('bench.key.' || g, '1 hour')" \
+    >/dev/null
+
+mapfile -t scripts < <(grep -v '^#' contenders.txt | awk '{print $1}')
+for round in $(seq 1 "$ROUNDS"); do
+    for script in "${scripts[@]}"; do
+        tps=$(pgbench -n -M prepared -c "$CLIENTS" -j "$THREADS" -T "$SECONDS_PER_RUN" \
+            -f "scripts/$script.sql" 2>/dev/null |
+            sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p')
+        echo "$tps" >>"$out/$script"
+        printf 'round %d  %-22s %12.0f tps\n' "$round" "$script" "$tps" >&2
+    done
+done
+
+median() { sort -g "$1" | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+base=$(median "$out/select1")
+echo
+echo "pgbench -M prepared, $CLIENTS clients, $THREADS threads, $ROUNDS interleaved rounds of ${SECONDS_PER_RUN} s;"
+echo "$(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1);" \
+    "$(psql -qXtAc 'SHOW server_version')"
+echo
+echo "| contender | median tps | × SELECT 1 | rounds (min – max) |"
+echo "|---|---:|---:|---:|"
+grep -v '^#' contenders.txt | while read -r script label; do
+    m=$(median "$out/$script")
+    lo=$(sort -g "$out/$script" | head -1)
+    hi=$(sort -g "$out/$script" | tail -1)
+    printf '| %s | %.0f | %.2f | %.0f – %.0f |\n' "$label" "$m" "$(echo "$m / $base" | bc -l)" "$lo" "$hi"
+done
+rm -rf "$out"

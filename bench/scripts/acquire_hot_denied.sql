@@ -1,0 +1,1 @@
+SELECT throttle.acquire('bench.hot', '1 hour');

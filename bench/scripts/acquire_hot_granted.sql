@@ -1,0 +1,1 @@
+SELECT throttle.acquire('bench.hot-granted', '1 microsecond');

@@ -1,0 +1,1 @@
+SELECT timelocked_acquire('hot-denied');

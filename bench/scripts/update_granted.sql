@@ -1,0 +1,2 @@
+UPDATE task_keys SET last_executed = now()
+WHERE name = 'hot' AND last_executed <= now() RETURNING true;
