@@ -1,0 +1,15 @@
+-- Dropping and re-creating the extension in the same session.
+SET pg_throttle.test_clock = '2030-05-01 00:00:00+00';
+INSERT INTO throttle.resource (name, every) VALUES ('re.declared', '1 hour');
+SELECT throttle.acquire('re.declared') AS before_drop;
+DROP EXTENSION pg_throttle;
+CREATE EXTENSION pg_throttle;
+SET pg_throttle.test_clock = '2030-05-01 00:00:00+00';
+-- The catalog is new (the declaration is gone) ...
+SELECT throttle.acquire('re.declared');
+INSERT INTO throttle.resource (name, every) VALUES ('re.declared', '1 hour'), ('re.new', '1 minute');
+-- ... the session's cached catalog query follows the new table, and the
+-- registry, which lives in shared memory, still holds the grant made before.
+SELECT throttle.acquire('re.declared') AS after_recreate;
+SELECT throttle.acquire('re.new') AS new_declaration;
+RESET pg_throttle.test_clock;
