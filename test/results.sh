@@ -1,5 +1,5 @@
 # Runs a suite, shows its output, and records how many of its tests passed and
-# failed, read from the suite's own closing lines.
+# failed, read from the suite's own closing lines. Returns non-zero when any failed.
 # shellcheck shell=bash
 
 : "${PG_THROTTLE_RESULTS:=/dev/null}"
@@ -49,4 +49,5 @@ run_suite() {
     rm -f "$log"
     echo "$name $passed $failed" >>"$PG_THROTTLE_RESULTS"
     echo "---- $name: $passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
 }

@@ -11,23 +11,24 @@ source "$ROOT/test/results.sh"
 cd "$ROOT"
 
 profile=${1:?profile: main, small-registry or not-preloaded}
+status=0
 case "$profile" in
 main)
-    run_suite pg_regress regress make -s installcheck
-    [ -f regression.diffs ] && cat regression.diffs
+    run_suite pg_regress regress make -s installcheck || { status=1; cat regression.diffs; }
     psql -qX -v ON_ERROR_STOP=1 -c "CREATE EXTENSION IF NOT EXISTS pgtap" \
-        -c "CREATE EXTENSION IF NOT EXISTS pg_throttle"
-    run_suite pgtap prove pg_prove --verbose test/pgtap/*.sql
-    run_suite concurrency prove prove --verbose test/integration/concurrency.py
+        -c "CREATE EXTENSION IF NOT EXISTS pg_throttle" || status=1
+    run_suite pgtap prove pg_prove --verbose test/pgtap/*.sql || status=1
+    run_suite concurrency prove prove --verbose test/integration/concurrency.py || status=1
     ;;
 small-registry)
-    run_suite registry-full prove prove --verbose test/integration/registry_full.py
+    run_suite registry-full prove prove --verbose test/integration/registry_full.py || status=1
     ;;
 not-preloaded)
-    run_suite not-preloaded prove prove --verbose test/integration/not_preloaded.py
+    run_suite not-preloaded prove prove --verbose test/integration/not_preloaded.py || status=1
     ;;
 *)
     echo "unknown profile $profile" >&2
     exit 2
     ;;
 esac
+exit $status
