@@ -2,22 +2,22 @@
 EXTENSION  = pg_throttle
 EXTVERSION := $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" $(EXTENSION).control)
 
-CORE_SRCS = src/core/time_math.cpp src/core/interval_gate.cpp
+CORE_SRCS = src/core/time_math.cpp src/core/interval_gate.cpp src/core/gcra.cpp
 PG_SRCS   = src/pg/module.cpp src/pg/boundary.cpp src/pg/clock.cpp src/pg/registry.cpp \
             src/pg/arguments.cpp src/pg/holder.cpp src/pg/catalog.cpp \
-            src/pg/acquire.cpp src/pg/status.cpp
+            src/pg/acquire.cpp src/pg/status.cpp src/pg/bucket.cpp src/pg/rate.cpp src/pg/wait.cpp
 
 MODULE_big = pg_throttle
 OBJS       = $(CORE_SRCS:.cpp=.o) $(PG_SRCS:.cpp=.o)
 DATA_built = $(EXTENSION)--$(EXTVERSION).sql
 
-REGRESS      = acquire bad_input status other_database reinstall
+REGRESS      = acquire bad_input status other_database reinstall rate
 REGRESS_OPTS = --load-extension=pg_throttle
 
 PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-register -Wno-missing-field-initializers \
-              -Wno-unused-parameter -Isrc
+              -Wno-unused-parameter -Isrc -MMD -MP
 SHLIB_LINK  = -lstdc++
-EXTRA_CLEAN = $(DATA_built) build/unit
+EXTRA_CLEAN = $(DATA_built) build/unit $(OBJS:.o=.d)
 
 # The JIT bitcode step would need clang++ for the C++ sources; the module has
 # nothing worth inlining into queries.
@@ -29,6 +29,9 @@ include $(PGXS)
 
 $(EXTENSION)--$(EXTVERSION).sql: src/sql/$(EXTENSION).sql $(EXTENSION).control
 	cp $< $@
+
+# Header dependencies (-MMD): PGXS tracks none for C++ sources.
+-include $(OBJS:.o=.d)
 
 # Unit tests of the pure core: no server, no PostgreSQL headers.
 UNIT_SRCS = $(wildcard test/unit/*_test.cpp)

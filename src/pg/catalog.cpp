@@ -3,53 +3,94 @@
 namespace pg_throttle::pg {
 namespace {
 
-SPIPlanPtr resource_interval_plan = nullptr;
+// One saved plan per catalog query, prepared on first use in this backend.
+struct CatalogQuery {
+    const char* sql;
+    SPIPlanPtr plan;
+};
 
-SPIPlanPtr prepared_resource_interval_plan() {
-    if (resource_interval_plan == nullptr) {
+CatalogQuery resource_query{"SELECT every FROM throttle.resource WHERE name = $1", nullptr};
+CatalogQuery bucket_query{"SELECT rate, per, burst FROM throttle.bucket WHERE name = $1", nullptr};
+
+SPIPlanPtr prepared(CatalogQuery* query) {
+    if (query->plan == nullptr) {
         Oid argtypes[1] = {TEXTOID};
-        SPIPlanPtr plan =
-            SPI_prepare("SELECT every FROM throttle.resource WHERE name = $1", 1, argtypes);
+        SPIPlanPtr plan = SPI_prepare(query->sql, 1, argtypes);
         if (plan == nullptr) {
             elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
         }
         if (SPI_keepplan(plan) != 0) {
             elog(ERROR, "SPI_keepplan failed");
         }
-        resource_interval_plan = plan;
+        query->plan = plan;
     }
-    return resource_interval_plan;
+    return query->plan;
+}
+
+// Runs `query` for `name`; on the row found, `extract` copies what it needs
+// before SPI memory goes away. Returns whether a row was found.
+bool lookup(CatalogQuery* query, const text* name,
+            void (*extract)(HeapTuple row, TupleDesc desc, void* ctx), void* ctx) {
+    if (SPI_connect() != SPI_OK_CONNECT) {
+        elog(ERROR, "SPI_connect failed");
+    }
+    Datum args[1] = {PointerGetDatum(name)};
+    const int rc = SPI_execute_plan(prepared(query), args, nullptr, false, 1);
+    if (rc != SPI_OK_SELECT) {
+        elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+    }
+    const bool found = SPI_processed == 1;
+    if (found) {
+        extract(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, ctx);
+    }
+    SPI_finish();
+    return found;
+}
+
+void extract_interval(HeapTuple row, TupleDesc desc, void* ctx) {
+    bool is_null = false;
+    const Datum value = SPI_getbinval(row, desc, 1, &is_null);
+    if (!is_null) {  // NOT NULL in the catalog
+        *static_cast<Interval*>(ctx) = *DatumGetIntervalP(value);
+    }
+}
+
+void extract_bucket(HeapTuple row, TupleDesc desc, void* ctx) {
+    auto* bucket = static_cast<DeclaredBucket*>(ctx);
+    bool is_null = false;
+    bucket->rate = DatumGetInt32(SPI_getbinval(row, desc, 1, &is_null));
+    bucket->per = *DatumGetIntervalP(SPI_getbinval(row, desc, 2, &is_null));
+    const Datum burst = SPI_getbinval(row, desc, 3, &bucket->burst_is_null);
+    bucket->burst = bucket->burst_is_null ? 0 : DatumGetInt32(burst);
+}
+
+[[noreturn]] void raise_undeclared(const char* what, const text* name, const char* hint) {
+    ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT),
+                    errmsg("%s \"%s\" is not declared", what, text_to_cstring(name)),
+                    errhint("%s", hint)));
+    pg_unreachable();
 }
 
 }  // namespace
 
 Interval declared_resource_interval(const text* resource) {
-    if (SPI_connect() != SPI_OK_CONNECT) {
-        elog(ERROR, "SPI_connect failed");
-    }
-    Datum args[1] = {PointerGetDatum(resource)};
-    const int rc = SPI_execute_plan(prepared_resource_interval_plan(), args, nullptr, false, 1);
-    if (rc != SPI_OK_SELECT) {
-        elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
-    }
-    bool found = SPI_processed == 1;
-    bool is_null = true;
     Interval every{};
-    if (found) {
-        Datum value = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null);
-        if (!is_null) {
-            every = *DatumGetIntervalP(value);
-        }
-    }
-    SPI_finish();
-    if (!found || is_null) {
-        ereport(ERROR,
-                (errcode(ERRCODE_UNDEFINED_OBJECT),
-                 errmsg("resource \"%s\" has no declared interval", text_to_cstring(resource)),
-                 errhint("Pass the interval as \"every\", or declare it with INSERT INTO "
-                         "throttle.resource (name, every) VALUES (...).")));
+    if (!lookup(&resource_query, resource, extract_interval, &every)) {
+        raise_undeclared("resource", resource,
+                         "Pass the interval as \"every\", or declare it with INSERT INTO "
+                         "throttle.resource (name, every) VALUES (...).");
     }
     return every;
+}
+
+DeclaredBucket declared_bucket(const text* key) {
+    DeclaredBucket bucket{};
+    if (!lookup(&bucket_query, key, extract_bucket, &bucket)) {
+        raise_undeclared("bucket", key,
+                         "Pass rate and per, or declare the bucket with INSERT INTO "
+                         "throttle.bucket (name, rate, per, burst) VALUES (...).");
+    }
+    return bucket;
 }
 
 }  // namespace pg_throttle::pg

@@ -9,4 +9,15 @@ namespace pg_throttle::pg {
 // with a hint when the resource is not declared there.
 Interval declared_resource_interval(const text* resource);
 
+struct DeclaredBucket {
+    int32 rate;
+    Interval per;
+    bool burst_is_null;
+    int32 burst;
+};
+
+// The bucket declared for `key` in throttle.bucket; raises 42704 with a hint
+// when it is not declared there.
+DeclaredBucket declared_bucket(const text* key);
+
 }  // namespace pg_throttle::pg

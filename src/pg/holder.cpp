@@ -6,12 +6,14 @@
 
 namespace pg_throttle::pg {
 
-Holder holder_from_argument(FunctionCallInfo fcinfo, int n) {
-    Holder holder{};
-    if (!PG_ARGISNULL(n)) {
-        clip_text(PG_GETARG_TEXT_PP(n), core::kMaxHolderBytes, holder.text);
-        return holder;
-    }
+namespace {
+
+// The caller's description, rebuilt only when application_name changes.
+Holder cached_caller{};
+char cached_application_name[NAMEDATALEN] = {};
+bool cached = false;
+
+void describe_caller(Holder* holder) {
     const char* app = (application_name != nullptr && application_name[0] != '\0')
                           ? application_name
                           : "[unnamed]";
@@ -22,8 +24,28 @@ Holder holder_from_argument(FunctionCallInfo fcinfo, int n) {
     std::snprintf(described, sizeof described, "%s pid=%d %s", app, MyProcPid, client);
     const int kept = pg_mbcliplen(described, static_cast<int>(strlen(described)),
                                   static_cast<int>(core::kMaxHolderBytes));
-    memcpy(holder.text, described, kept);
-    holder.text[kept] = '\0';
+    memcpy(holder->text, described, kept);
+    holder->text[kept] = '\0';
+}
+
+}  // namespace
+
+const Holder& caller_holder() {
+    const char* app = application_name != nullptr ? application_name : "";
+    if (!cached || strncmp(app, cached_application_name, sizeof cached_application_name) != 0) {
+        describe_caller(&cached_caller);
+        strlcpy(cached_application_name, app, sizeof cached_application_name);
+        cached = true;
+    }
+    return cached_caller;
+}
+
+Holder holder_from_argument(FunctionCallInfo fcinfo, int n) {
+    if (PG_ARGISNULL(n)) {
+        return caller_holder();
+    }
+    Holder holder{};
+    clip_text(PG_GETARG_TEXT_PP(n), core::kMaxHolderBytes, holder.text);
     return holder;
 }
 

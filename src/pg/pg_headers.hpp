@@ -24,6 +24,7 @@ extern "C" {
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
+#include "storage/latch.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "utils/builtins.h"
@@ -32,6 +33,7 @@ extern "C" {
 #include "utils/hsearch.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
+#include "utils/wait_event.h"
 }
 
 // Macros from port.h and c.h that clash with the C++ library.

@@ -136,6 +136,8 @@ const char* entry_kind_name(EntryKind kind) {
     switch (kind) {
         case EntryKind::kResource:
             return "resource";
+        case EntryKind::kBucket:
+            return "bucket";
     }
     return "unknown";
 }
@@ -214,6 +216,17 @@ ApplyResult registry_apply(const RegistryKey& key, core::Micros now, const Entry
     }
     reclaim_expired(now);
     return try_apply(key, hash, op, ctx) ? ApplyResult::kDone : ApplyResult::kFull;
+}
+
+void registry_update_existing(const RegistryKey& key,
+                              void (*update)(RegistryEntry* entry, void* ctx), void* ctx) {
+    const uint32 hash = get_hash_value(registry, &key);
+    PartitionLock exclusive(partition_lock(hash), LW_EXCLUSIVE);
+    auto* entry = static_cast<RegistryEntry*>(
+        hash_search_with_hash_value(registry, &key, hash, HASH_FIND, nullptr));
+    if (entry != nullptr) {
+        update(entry, ctx);
+    }
 }
 
 void registry_raise_full() {

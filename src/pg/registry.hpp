@@ -11,7 +11,7 @@
 
 namespace pg_throttle::pg {
 
-enum class EntryKind : uint8 { kResource = 1 };
+enum class EntryKind : uint8 { kResource = 1, kBucket = 2 };
 
 const char* entry_kind_name(EntryKind kind);
 
@@ -30,6 +30,10 @@ struct RegistryEntry {
     // denials are counted under the partition's shared lock.
     uint64 grants;
     uint64 denials;
+    // Buckets: the shape of the last call (the bucket's TAT is expires_at).
+    int64 bucket_per;  // microseconds
+    int32 bucket_rate;
+    int32 bucket_burst;
     int32 holder_pid;
     char holder[core::kMaxHolderBytes + 1];
 };
@@ -67,6 +71,10 @@ void registry_make_key(EntryKind kind, const char* name, size_t len, const char*
 // Runs `op` on the entry of `key`, creating it when absent. Reclaims expired
 // entries (as of `now`) when the table is full; kFull when none could be.
 ApplyResult registry_apply(const RegistryKey& key, core::Micros now, const EntryOp& op, void* ctx);
+
+// Runs `op` on the entry of `key` only if it exists, under the exclusive lock.
+void registry_update_existing(const RegistryKey& key,
+                              void (*update)(RegistryEntry* entry, void* ctx), void* ctx);
 
 // Raises SQLSTATE 53200 with a hint naming pg_throttle.max_entries.
 [[noreturn]] void registry_raise_full();

@@ -1,5 +1,6 @@
 // throttle.registry_entries(): the rows behind the throttle.status view.
 // Headers that bring in src/core come before any PostgreSQL header.
+#include "core/gcra.hpp"
 #include "pg/clock.hpp"
 #include "pg/registry.hpp"
 
@@ -8,10 +9,11 @@
 namespace pg_throttle::pg {
 namespace {
 
-constexpr int kStatusColumns = 8;
+constexpr int kStatusColumns = 12;
 
 struct StatusScan {
     ReturnSetInfo* rsinfo;
+    core::Micros now;
 };
 
 Datum timestamp_or_infinity(core::Micros value) {
@@ -22,11 +24,35 @@ Datum timestamp_or_infinity(core::Micros value) {
     return TimestampTzGetDatum(ts);
 }
 
+Datum interval_datum(core::Micros micros) {
+    auto* value = static_cast<Interval*>(palloc(sizeof(Interval)));
+    value->time = micros;
+    value->day = 0;
+    value->month = 0;
+    return IntervalPGetDatum(value);
+}
+
+// Bucket columns: the shape of the last call, and the units left now.
+void fill_bucket_columns(const RegistryEntry& entry, core::Micros now, Datum* values, bool* nulls) {
+    const core::BucketShapeResult shape =
+        core::make_bucket_shape(entry.bucket_rate, entry.bucket_per, entry.bucket_burst);
+    values[8] = Int32GetDatum(entry.bucket_rate);
+    values[9] = interval_datum(entry.bucket_per);
+    values[10] = Int32GetDatum(entry.bucket_burst);
+    values[11] =
+        Int32GetDatum(static_cast<int32>(core::gcra_remaining(entry.expires_at, now, shape.shape)));
+    // One more unit passes when a request of 1 would.
+    const core::GcraDecision one = core::gcra_decide(entry.expires_at, now, shape.shape, 1);
+    values[5] = timestamp_or_infinity(one.allowed ? now : one.allowed_at);
+    nulls[5] = false;
+}
+
 void emit_status_row(const RegistryEntry& entry, void* ctx) {
     auto* scan = static_cast<StatusScan*>(ctx);
     Datum values[kStatusColumns];
     bool nulls[kStatusColumns] = {};
-    values[0] = CStringGetTextDatum(entry_kind_name(static_cast<EntryKind>(entry.key.kind)));
+    const auto kind = static_cast<EntryKind>(entry.key.kind);
+    values[0] = CStringGetTextDatum(entry_kind_name(kind));
     values[1] = PointerGetDatum(cstring_to_text_with_len(entry.key.name, entry.key.name_len));
     values[2] = CStringGetTextDatum(entry.holder);
     values[3] = Int32GetDatum(entry.holder_pid);
@@ -35,14 +61,21 @@ void emit_status_row(const RegistryEntry& entry, void* ctx) {
     values[6] = Int64GetDatum(static_cast<int64>(__atomic_load_n(&entry.grants, __ATOMIC_RELAXED)));
     values[7] =
         Int64GetDatum(static_cast<int64>(__atomic_load_n(&entry.denials, __ATOMIC_RELAXED)));
+    if (kind == EntryKind::kBucket) {
+        fill_bucket_columns(entry, scan->now, values, nulls);
+    } else {
+        for (int i = 8; i < kStatusColumns; i++) {
+            nulls[i] = true;
+        }
+    }
     tuplestore_putvalues(scan->rsinfo->setResult, scan->rsinfo->setDesc, values, nulls);
 }
 
 Datum registry_entries(FunctionCallInfo fcinfo) {
     registry_require();
     InitMaterializedSRF(fcinfo, 0);
-    StatusScan scan{reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo)};
-    registry_scan(clock_now(), emit_status_row, &scan);
+    StatusScan scan{reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo), clock_now()};
+    registry_scan(scan.now, emit_status_row, &scan);
     return static_cast<Datum>(0);
 }
 

@@ -34,12 +34,76 @@ COMMENT ON FUNCTION throttle.acquire(text, interval, text) IS
     'True for the first caller per interval of a resource in this database, false for everyone else until the interval has passed. Not undone by ROLLBACK.';
 
 --
+-- Rate limits: GCRA token buckets.
+--
+CREATE TABLE throttle.bucket (
+    name    text PRIMARY KEY
+            CHECK (name <> '' AND octet_length(name) <= 200),
+    rate    integer NOT NULL CHECK (rate > 0),
+    per     interval NOT NULL CHECK (per > interval '0'),
+    burst   integer CHECK (burst > 0),
+    comment text
+);
+COMMENT ON TABLE throttle.bucket IS
+    'Token buckets declared by name: throttle.take(name) and throttle.allow(name) use rate, per and burst from here. A change applies from the next call, without resetting the bucket''s level.';
+COMMENT ON COLUMN throttle.bucket.name IS 'The bucket key, as passed to throttle.take (at most 200 bytes).';
+COMMENT ON COLUMN throttle.bucket.rate IS 'Units that refill per "per".';
+COMMENT ON COLUMN throttle.bucket.per IS 'The refill period.';
+COMMENT ON COLUMN throttle.bucket.burst IS 'Capacity of the bucket; NULL means rate.';
+COMMENT ON COLUMN throttle.bucket.comment IS 'Free text for operators.';
+GRANT SELECT ON throttle.bucket TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('throttle.bucket', '');
+
+CREATE FUNCTION throttle.take(key text, rate integer, per interval, burst integer DEFAULT NULL,
+                              cost integer DEFAULT 1,
+                              OUT allowed boolean, OUT remaining integer,
+                              OUT retry_after interval, OUT reset_after interval)
+RETURNS record
+AS 'MODULE_PATHNAME', 'pg_throttle_take'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle.take(text, integer, interval, integer, integer) IS
+    'Takes cost units from the token bucket "key" (capacity burst, default rate; refilling rate per per). Returns one row: allowed, units remaining, retry_after (exact wait until the same request passes), reset_after (until the bucket is full).';
+
+CREATE FUNCTION throttle.take(key text, cost integer DEFAULT 1,
+                              OUT allowed boolean, OUT remaining integer,
+                              OUT retry_after interval, OUT reset_after interval)
+RETURNS record
+AS 'MODULE_PATHNAME', 'pg_throttle_take_declared'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle.take(text, integer) IS
+    'throttle.take with rate, per and burst declared for key in throttle.bucket.';
+
+CREATE FUNCTION throttle.allow(key text, rate integer, per interval, burst integer DEFAULT NULL,
+                               cost integer DEFAULT 1)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'pg_throttle_allow'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle.allow(text, integer, interval, integer, integer) IS
+    'Like throttle.take, but returns only whether the request was allowed.';
+
+CREATE FUNCTION throttle.allow(key text, cost integer DEFAULT 1)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'pg_throttle_allow_declared'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle.allow(text, integer) IS
+    'throttle.allow with rate, per and burst declared for key in throttle.bucket.';
+
+CREATE FUNCTION throttle.wait(key text, rate integer, per interval, burst integer DEFAULT NULL,
+                              cost integer DEFAULT 1, timeout interval DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'pg_throttle_wait'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle.wait(text, integer, interval, integer, integer, interval) IS
+    'Blocks until the request is allowed, then returns true; returns false at once when the wait would exceed timeout (NULL: no limit). Waiters of one key pass in arrival order.';
+
+--
 -- Operator view of the shared-memory registry.
 --
 CREATE FUNCTION throttle.registry_entries(
     OUT kind text, OUT name text, OUT holder text, OUT holder_pid integer,
     OUT granted_at timestamptz, OUT next_grant_at timestamptz,
-    OUT grants bigint, OUT denials bigint)
+    OUT grants bigint, OUT denials bigint,
+    OUT rate integer, OUT per interval, OUT burst integer, OUT remaining integer)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'pg_throttle_registry_entries'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
@@ -47,8 +111,9 @@ COMMENT ON FUNCTION throttle.registry_entries() IS
     'The registry entries of this database that are still in force; see the view throttle.status.';
 
 CREATE VIEW throttle.status AS
-    SELECT kind, name, holder, holder_pid, granted_at, next_grant_at, grants, denials
+    SELECT kind, name, holder, holder_pid, granted_at, next_grant_at, grants, denials,
+           rate, per, burst, remaining
     FROM throttle.registry_entries();
 COMMENT ON VIEW throttle.status IS
-    'One row per registry entry of this database still in force: who was granted it, when, when it can next be granted, grants and denials since the entry was created.';
+    'One row per registry entry of this database still in force: resources whose interval has not passed, buckets that are not full. Who was granted last, when, when one more unit can be granted, grants and denials since the entry was created; for buckets rate, per, burst and the units remaining.';
 GRANT SELECT ON throttle.status TO PUBLIC;

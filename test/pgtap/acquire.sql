@@ -85,7 +85,7 @@ SELECT throws_ok($$SELECT throttle.acquire('tap.bad', '-5 minutes')$$, '22023', 
 SELECT throws_ok($$SELECT throttle.acquire('tap.bad', '1000000 years')$$, '22008', 'every is out of range',
     'interval beyond the clock range: 22008');
 SELECT throws_ok($$SELECT throttle.acquire('tap.undeclared')$$, '42704',
-    'resource "tap.undeclared" has no declared interval', 'no interval and none declared: 42704');
+    'resource "tap.undeclared" is not declared', 'no interval and none declared: 42704');
 SELECT is((SELECT count(*)::int FROM throttle.status WHERE name IN ('tap.bad', 'tap.undeclared')), 0,
     'failed calls leave no entry');
 SELECT throws_ok($$SET pg_throttle.test_clock = 'yesterday-ish'$$, '22023', NULL,

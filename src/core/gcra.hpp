@@ -1,0 +1,72 @@
+// Token buckets with the generic cell rate algorithm (GCRA).
+//
+// A bucket of capacity `burst` refills at `rate` per `per`. Its only state is
+// the theoretical arrival time (TAT): the instant at which the bucket will be
+// full again. With emission interval T = per / rate and tolerance
+// tau = burst * T, a request of `cost` at `now` is decided as:
+//   base = max(TAT, now); new = base + cost * T
+//   allowed <=> new - tau <= now; if allowed, TAT := new
+// A bucket whose TAT is not after now is full: the same as an absent one.
+#pragma once
+#include "core/cpp_only.hpp"
+
+#include <cstdint>
+#include <optional>
+
+#include "core/time_math.hpp"
+
+namespace pg_throttle::core {
+
+struct BucketShape {
+    Micros emission;   // T, microseconds per unit
+    Micros tolerance;  // tau = burst * T
+    std::int64_t burst;
+};
+
+enum class BucketShapeError { kNone, kRateTooHigh, kTooLarge };
+
+struct BucketShapeResult {
+    BucketShapeError error;
+    BucketShape shape;
+};
+
+// The shape of a bucket of `rate` (> 0) per `per` (> 0) microseconds with
+// capacity `burst` (> 0). T is per / rate rounded UP to whole microseconds:
+// a unit never costs less time than the exact rate, so rounding can only
+// grant less, never more. A rate above one per microsecond is kRateTooHigh;
+// a tolerance that does not fit in int64 is kTooLarge.
+BucketShapeResult make_bucket_shape(std::int64_t rate, Micros per, std::int64_t burst) noexcept;
+
+struct GcraDecision {
+    bool allowed;
+    Micros tat;              // the TAT after the decision
+    std::int64_t remaining;  // whole units left after the decision, 0 .. burst
+    Micros retry_after;      // 0 when allowed, else when the same request would pass
+    Micros reset_after;      // until the bucket is full again
+    Micros allowed_at;       // new - tau: the first instant the request passes
+};
+
+// Decides a request of `cost` (0 .. burst) at `now`. `tat` is empty for an
+// absent bucket. cost 0 peeks: it is allowed and changes nothing.
+GcraDecision gcra_decide(std::optional<Micros> tat, Micros now, const BucketShape& shape,
+                         std::int64_t cost) noexcept;
+
+// Like gcra_decide, but also reserves a request that passes within
+// `max_wait` (>= 0): TAT advances at once and the caller must wait until
+// allowed_at, so waiters are served in the order they reserved. `allowed`
+// then means "reserved"; retry_after is the wait (0 when it passes now).
+// gcra_decide is gcra_reserve with max_wait = 0.
+GcraDecision gcra_reserve(std::optional<Micros> tat, Micros now, const BucketShape& shape,
+                          std::int64_t cost, Micros max_wait) noexcept;
+
+// The TAT after giving back a reservation of `cost` whose TAT was `reserved`,
+// when the bucket's TAT is `current`. Only the latest reservation is given
+// back (current == reserved): a later one keeps its place in the queue, and
+// an earlier slot is never handed to someone who came after it.
+std::optional<Micros> gcra_give_back(Micros current, Micros reserved, const BucketShape& shape,
+                                     std::int64_t cost) noexcept;
+
+// Whole units available at `now` for a bucket with `tat`.
+std::int64_t gcra_remaining(Micros tat, Micros now, const BucketShape& shape) noexcept;
+
+}  // namespace pg_throttle::core

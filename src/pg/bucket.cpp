@@ -1,0 +1,158 @@
+#include "pg/bucket.hpp"
+
+#include "pg/arguments.hpp"
+#include "pg/catalog.hpp"
+#include "pg/holder.hpp"
+
+namespace pg_throttle::pg {
+namespace {
+
+void fill_request(const text* key, int32 rate, const Interval* per, bool burst_is_null, int32 burst,
+                  int32 cost, BucketRequest* request) {
+    if (rate <= 0) {
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("rate must be positive"),
+                        errdetail("rate is %d.", rate)));
+    }
+    const core::Micros per_us = positive_interval(per, "per");
+    if (burst_is_null) {
+        burst = rate;
+    }
+    if (burst <= 0) {
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("burst must be positive"),
+                        errdetail("burst is %d.", burst)));
+    }
+    if (cost < 0) {
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("cost must not be negative"), errdetail("cost is %d.", cost)));
+    }
+    if (cost > burst) {
+        ereport(
+            ERROR,
+            (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("cost must not exceed burst"),
+             errdetail("cost is %d and burst is %d: the request could never pass.", cost, burst)));
+    }
+    const core::BucketShapeResult shape = core::make_bucket_shape(rate, per_us, burst);
+    if (shape.error == core::BucketShapeError::kRateTooHigh) {
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("rate must not exceed one per microsecond"),
+                        errdetail("rate is %d per %lld microseconds.", rate,
+                                  static_cast<long long>(per_us))));
+    }
+    if (shape.error == core::BucketShapeError::kTooLarge) {
+        ereport(ERROR, (errcode(ERRCODE_DATETIME_FIELD_OVERFLOW),
+                        errmsg("burst times per / rate is out of range")));
+    }
+    registry_make_key(EntryKind::kBucket, VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key), "bucket",
+                      &request->key);
+    request->shape = shape.shape;
+    request->per = per_us;
+    request->rate = rate;
+    request->burst = burst;
+    request->cost = cost;
+}
+
+struct ReserveCall {
+    const BucketRequest* request;
+    core::Micros now;
+    core::Micros max_wait;
+    core::GcraDecision decision;
+};
+
+core::GcraDecision decide(const ReserveCall& call, const RegistryEntry* entry) {
+    std::optional<core::Micros> tat;
+    if (entry != nullptr) {
+        tat = entry->expires_at;
+    }
+    return core::gcra_reserve(tat, call.now, call.request->shape, call.request->cost,
+                              call.max_wait);
+}
+
+bool reserve_decide_shared(RegistryEntry* entry, void* ctx) {
+    auto* call = static_cast<ReserveCall*>(ctx);
+    call->decision = decide(*call, entry);
+    if (call->request->cost == 0) {
+        return true;  // a peek changes nothing and counts nothing
+    }
+    if (call->decision.allowed || entry == nullptr) {
+        return false;  // the TAT must move: decide again under the exclusive lock
+    }
+    __atomic_fetch_add(&entry->denials, 1, __ATOMIC_RELAXED);
+    return true;
+}
+
+void reserve_apply_exclusive(RegistryEntry* entry, bool created, void* ctx) {
+    auto* call = static_cast<ReserveCall*>(ctx);
+    call->decision = decide(*call, created ? nullptr : entry);
+    const BucketRequest& request = *call->request;
+    entry->bucket_per = request.per;
+    entry->bucket_rate = request.rate;
+    entry->bucket_burst = request.burst;
+    if (!call->decision.allowed) {
+        if (created) {
+            entry->expires_at = call->now;  // nothing to remember: reclaimable at once
+        }
+        __atomic_fetch_add(&entry->denials, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    entry->expires_at = call->decision.tat;
+    entry->granted_at = call->now;
+    __atomic_fetch_add(&entry->grants, 1, __ATOMIC_RELAXED);
+    entry->holder_pid = MyProcPid;
+    memcpy(entry->holder, caller_holder().text, sizeof entry->holder);
+}
+
+constexpr EntryOp kReserveOp{reserve_decide_shared, reserve_apply_exclusive};
+
+struct GiveBackCall {
+    const BucketRequest* request;
+    core::Micros reserved;
+};
+
+void give_back_update(RegistryEntry* entry, void* ctx) {
+    auto* call = static_cast<GiveBackCall*>(ctx);
+    const auto restored = core::gcra_give_back(entry->expires_at, call->reserved,
+                                               call->request->shape, call->request->cost);
+    if (restored.has_value()) {
+        entry->expires_at = *restored;
+        __atomic_fetch_sub(&entry->grants, 1, __ATOMIC_RELAXED);
+    }
+}
+
+}  // namespace
+
+void bucket_request_from_arguments(FunctionCallInfo fcinfo, BucketRequest* request) {
+    require_not_null(fcinfo, 0, "key");
+    require_not_null(fcinfo, 1, "rate");
+    require_not_null(fcinfo, 2, "per");
+    require_not_null(fcinfo, 4, "cost");
+    fill_request(PG_GETARG_TEXT_PP(0), PG_GETARG_INT32(1), PG_GETARG_INTERVAL_P(2), PG_ARGISNULL(3),
+                 PG_ARGISNULL(3) ? 0 : PG_GETARG_INT32(3), PG_GETARG_INT32(4), request);
+}
+
+void bucket_request_from_declaration(FunctionCallInfo fcinfo, BucketRequest* request) {
+    require_not_null(fcinfo, 0, "key");
+    require_not_null(fcinfo, 1, "cost");
+    const text* key = PG_GETARG_TEXT_PP(0);
+    // Validate the name before looking it up, for the same errors as elsewhere.
+    registry_make_key(EntryKind::kBucket, VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key), "bucket",
+                      &request->key);
+    const DeclaredBucket declared = declared_bucket(key);
+    fill_request(key, declared.rate, &declared.per, declared.burst_is_null, declared.burst,
+                 PG_GETARG_INT32(1), request);
+}
+
+core::GcraDecision bucket_reserve(const BucketRequest& request, core::Micros now,
+                                  core::Micros max_wait) {
+    ReserveCall call{&request, now, max_wait, {}};
+    if (registry_apply(request.key, now, kReserveOp, &call) == ApplyResult::kFull) {
+        registry_raise_full();
+    }
+    return call.decision;
+}
+
+void bucket_give_back(const BucketRequest& request, core::Micros reserved) {
+    GiveBackCall call{&request, reserved};
+    registry_update_existing(request.key, give_back_update, &call);
+}
+
+}  // namespace pg_throttle::pg

@@ -1,0 +1,35 @@
+// Token buckets in the registry: the arguments of throttle.take, allow and
+// wait, and the GCRA decision applied to the bucket's entry.
+#pragma once
+
+#include "core/gcra.hpp"
+#include "pg/registry.hpp"
+
+namespace pg_throttle::pg {
+
+struct BucketRequest {
+    RegistryKey key;
+    core::BucketShape shape;
+    int64 per;  // microseconds
+    int32 rate;
+    int32 burst;
+    int32 cost;
+};
+
+// From (key, rate, per, burst, cost) at argument positions 0..4; burst NULL
+// means rate. Raises 22004 for other NULLs, 22023 for values out of range.
+void bucket_request_from_arguments(FunctionCallInfo fcinfo, BucketRequest* request);
+
+// From (key, cost) at positions 0..1, with the shape declared in
+// throttle.bucket for the key (42704 when there is none).
+void bucket_request_from_declaration(FunctionCallInfo fcinfo, BucketRequest* request);
+
+// Decides `request` at `now`, reserving it when it passes within `max_wait`
+// (0: only when it passes now). Raises 53200 when the registry is full.
+core::GcraDecision bucket_reserve(const BucketRequest& request, core::Micros now,
+                                  core::Micros max_wait);
+
+// Gives back a reservation whose TAT was `reserved`, if it is still the latest.
+void bucket_give_back(const BucketRequest& request, core::Micros reserved);
+
+}  // namespace pg_throttle::pg

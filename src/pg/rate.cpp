@@ -1,0 +1,76 @@
+// throttle.take and throttle.allow: GCRA token buckets, decided at once.
+// A denial is decided under the partition's shared lock; only a request
+// that passes writes (it moves the bucket's TAT).
+#include "pg/bucket.hpp"
+#include "pg/clock.hpp"
+
+#include "pg/boundary.hpp"
+
+namespace pg_throttle::pg {
+namespace {
+
+constexpr int kTakeColumns = 4;
+
+Datum interval_datum(core::Micros micros) {
+    auto* value = static_cast<Interval*>(palloc(sizeof(Interval)));
+    value->time = micros;
+    value->day = 0;
+    value->month = 0;
+    return IntervalPGetDatum(value);
+}
+
+Datum take_result(FunctionCallInfo fcinfo, const core::GcraDecision& decision) {
+    TupleDesc desc = nullptr;
+    if (get_call_result_type(fcinfo, nullptr, &desc) != TYPEFUNC_COMPOSITE) {
+        elog(ERROR, "throttle.take must return a composite type");
+    }
+    desc = BlessTupleDesc(desc);
+    Datum values[kTakeColumns];
+    bool nulls[kTakeColumns] = {};
+    values[0] = BoolGetDatum(decision.allowed);
+    values[1] = Int32GetDatum(static_cast<int32>(decision.remaining));
+    values[2] = interval_datum(decision.retry_after);
+    values[3] = interval_datum(decision.reset_after);
+    return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
+}
+
+core::GcraDecision decide_now(const BucketRequest& request) {
+    registry_require();
+    return bucket_reserve(request, clock_now(), 0);
+}
+
+Datum take(FunctionCallInfo fcinfo) {
+    registry_require();
+    BucketRequest request;
+    bucket_request_from_arguments(fcinfo, &request);
+    return take_result(fcinfo, decide_now(request));
+}
+
+Datum take_declared(FunctionCallInfo fcinfo) {
+    registry_require();
+    BucketRequest request;
+    bucket_request_from_declaration(fcinfo, &request);
+    return take_result(fcinfo, decide_now(request));
+}
+
+Datum allow(FunctionCallInfo fcinfo) {
+    registry_require();
+    BucketRequest request;
+    bucket_request_from_arguments(fcinfo, &request);
+    PG_RETURN_BOOL(decide_now(request).allowed);
+}
+
+Datum allow_declared(FunctionCallInfo fcinfo) {
+    registry_require();
+    BucketRequest request;
+    bucket_request_from_declaration(fcinfo, &request);
+    PG_RETURN_BOOL(decide_now(request).allowed);
+}
+
+}  // namespace
+}  // namespace pg_throttle::pg
+
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_take, pg_throttle::pg::take)
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_take_declared, pg_throttle::pg::take_declared)
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_allow, pg_throttle::pg::allow)
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_allow_declared, pg_throttle::pg::allow_declared)

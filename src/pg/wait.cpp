@@ -1,0 +1,82 @@
+// throttle.wait: block until a bucket lets the request pass.
+//
+// The request is reserved at call time (the bucket's TAT moves at once, as
+// Go's rate.Limiter.ReserveN does), so waiters of one key pass in the order
+// they arrived; then the backend sleeps on its latch until the reserved time.
+// A wait that is cancelled (statement_timeout, pg_cancel_backend) gives its
+// reservation back when no later waiter has queued behind it.
+#include "pg/bucket.hpp"
+#include "pg/clock.hpp"
+
+#include "pg/boundary.hpp"
+
+namespace pg_throttle::pg {
+namespace {
+
+// Sleeps `wait_us` of real time. Whatever the extension's clock says (the
+// test clock stands still), the wait itself is measured on the real clock.
+void sleep_for(core::Micros wait_us) {
+    const TimestampTz deadline = core::saturating_add(GetCurrentTimestamp(), wait_us);
+    for (;;) {
+        CHECK_FOR_INTERRUPTS();
+        const TimestampTz now = GetCurrentTimestamp();
+        if (now >= deadline) {
+            return;
+        }
+        // Rounded up, so the loop never wakes before the deadline more than once.
+        const long timeout_ms = TimestampDifferenceMilliseconds(now, deadline);
+        (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+                        timeout_ms > 0 ? timeout_ms : 1, PG_WAIT_EXTENSION);
+        ResetLatch(MyLatch);
+    }
+}
+
+// Only trivially destructible objects live here: PG_TRY is a sigsetjmp.
+void sleep_or_give_back(const BucketRequest& request, core::Micros reserved_tat,
+                        core::Micros wait_us) {
+    PG_TRY();
+    { sleep_for(wait_us); }
+    PG_CATCH();
+    {
+        bucket_give_back(request, reserved_tat);
+        PG_RE_THROW();
+    }
+    PG_END_TRY();
+}
+
+core::Micros timeout_argument(FunctionCallInfo fcinfo, int n) {
+    if (PG_ARGISNULL(n)) {
+        return core::kNever;
+    }
+    const Interval* timeout = PG_GETARG_INTERVAL_P(n);
+    const auto micros = core::interval_to_micros(timeout->month, timeout->day, timeout->time);
+    if (!micros.has_value()) {
+        ereport(ERROR,
+                (errcode(ERRCODE_DATETIME_FIELD_OVERFLOW), errmsg("timeout is out of range")));
+    }
+    if (*micros < 0) {
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("timeout must not be negative")));
+    }
+    return *micros;
+}
+
+Datum wait(FunctionCallInfo fcinfo) {
+    registry_require();
+    BucketRequest request;
+    bucket_request_from_arguments(fcinfo, &request);
+    const core::Micros max_wait = timeout_argument(fcinfo, 5);
+    const core::GcraDecision decision = bucket_reserve(request, clock_now(), max_wait);
+    if (!decision.allowed) {
+        PG_RETURN_BOOL(false);  // the wait would exceed the timeout: nothing reserved
+    }
+    if (decision.retry_after > 0) {
+        sleep_or_give_back(request, decision.tat, decision.retry_after);
+    }
+    PG_RETURN_BOOL(true);
+}
+
+}  // namespace
+}  // namespace pg_throttle::pg
+
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_wait, pg_throttle::pg::wait)
