@@ -1,0 +1,131 @@
+-- throttle.take / allow / wait: signatures, the GCRA formulas against a
+-- reference model, error codes. On the test clock.
+BEGIN;
+SELECT plan(38);
+
+SELECT has_table('throttle', 'bucket', 'catalog table throttle.bucket');
+SELECT col_is_pk('throttle', 'bucket', 'name', 'bucket name is the primary key');
+SELECT has_function('throttle', 'take', ARRAY['text', 'integer', 'interval', 'integer', 'integer']);
+SELECT has_function('throttle', 'take', ARRAY['text', 'integer']);
+SELECT has_function('throttle', 'allow', ARRAY['text', 'integer', 'interval', 'integer', 'integer']);
+SELECT has_function('throttle', 'allow', ARRAY['text', 'integer']);
+SELECT has_function('throttle', 'wait',
+    ARRAY['text', 'integer', 'interval', 'integer', 'integer', 'interval']);
+SELECT function_returns('throttle', 'allow', ARRAY['text', 'integer', 'interval', 'integer', 'integer'], 'boolean');
+SELECT function_returns('throttle', 'wait', ARRAY['text', 'integer', 'interval', 'integer', 'integer', 'interval'], 'boolean');
+SELECT is(
+    (SELECT array_agg(c::regclass::text ORDER BY c::regclass::text) FROM pg_extension e, unnest(e.extconfig) AS c
+     WHERE e.extname = 'pg_throttle'),
+    ARRAY['throttle.bucket', 'throttle.resource'],
+    'pg_dump keeps declared buckets and resources');
+
+-- The reference model: the issue's formulas in exact numeric arithmetic.
+CREATE TEMP TABLE model (key text PRIMARY KEY, tat numeric);
+CREATE FUNCTION pg_temp.model_take(k text, rate integer, per_us numeric, burst integer,
+                                   cost integer, now_us numeric,
+                                   OUT allowed boolean, OUT remaining integer,
+                                   OUT retry_us numeric, OUT reset_us numeric)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t   numeric := ceil(per_us / rate);          -- emission interval, rounded up
+    tau numeric := burst * t;
+    tat numeric := (SELECT m.tat FROM model m WHERE m.key = k);
+    base numeric := greatest(coalesce(tat, now_us), now_us);
+    new numeric := base + cost * t;
+BEGIN
+    allowed := new - tau <= now_us;
+    IF allowed THEN
+        tat := new;
+        INSERT INTO model VALUES (k, tat) ON CONFLICT (key) DO UPDATE SET tat = excluded.tat;
+    END IF;
+    tat := coalesce(tat, now_us);
+    remaining := least(burst, greatest(0, floor((now_us + tau - greatest(tat, now_us)) / t)));
+    retry_us := CASE WHEN allowed THEN 0 ELSE new - tau - now_us END;
+    reset_us := greatest(tat, now_us) - now_us;
+END
+$$;
+
+-- Drives pseudo-random calls (steps, costs) through throttle.take and the
+-- model; returns how many calls disagreed in any output.
+CREATE FUNCTION pg_temp.disagreements(k text, rate integer, per interval, burst integer,
+                                      calls integer, seed double precision) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    per_us numeric := extract(epoch FROM per) * 1000000;
+    start timestamptz := '2033-01-01 00:00:00+00';
+    now_us numeric := 0;
+    cost integer;
+    got record;
+    want record;
+    bad integer := 0;
+BEGIN
+    PERFORM setseed(seed);
+    FOR i IN 1 .. calls LOOP
+        now_us := now_us + floor(random() * 3 * ceil(per_us / rate));
+        cost := floor(random() * (burst + 1));          -- 0 .. burst
+        PERFORM set_config('pg_throttle.test_clock',
+                           (start + make_interval(secs => now_us / 1000000))::text, true);
+        SELECT * INTO got FROM throttle.take(k, rate, per, burst, cost);
+        SELECT * INTO want FROM pg_temp.model_take(k, rate, per_us, burst, cost, now_us);
+        IF got.allowed IS DISTINCT FROM want.allowed
+           OR got.remaining IS DISTINCT FROM want.remaining
+           OR extract(epoch FROM got.retry_after) * 1000000 <> want.retry_us
+           OR extract(epoch FROM got.reset_after) * 1000000 <> want.reset_us THEN
+            bad := bad + 1;
+            RAISE NOTICE 'call % at % cost %: got % want %', i, now_us, cost, got, want;
+        END IF;
+    END LOOP;
+    RETURN bad;
+END
+$$;
+
+SELECT is(pg_temp.disagreements('tap.r1', 100, '1 minute', 20, 2000, 0.1), 0,
+    '100/minute burst 20: 2000 random calls agree with the formulas');
+SELECT is(pg_temp.disagreements('tap.r2', 3, '1 second', 3, 2000, 0.2), 0,
+    '3/second (inexact T, rounded up): 2000 random calls agree');
+SELECT is(pg_temp.disagreements('tap.r3', 7, '10 milliseconds', 1, 2000, 0.3), 0,
+    '7 per 10 ms burst 1: 2000 random calls agree');
+SELECT is(pg_temp.disagreements('tap.r4', 1, '1 day', 5, 500, 0.4), 0,
+    '1/day burst 5: 500 random calls agree');
+
+-- Boundaries.
+SET LOCAL pg_throttle.test_clock = '2034-01-01 00:00:00+00';
+SELECT is((SELECT remaining FROM throttle.take('tap.b', 10, '1 second', 4, 4)), 0, 'cost = burst empties a full bucket');
+SELECT ok((SELECT allowed FROM throttle.take('tap.b', 10, '1 second', 4, 0)), 'cost 0 on an empty bucket is allowed');
+SELECT is((SELECT remaining FROM throttle.take('tap.b', 10, '1 second', 4, 0)), 0, 'and consumes nothing');
+SELECT is((SELECT retry_after FROM throttle.take('tap.b', 10, '1 second', 4, 1)), interval '0.1 s',
+    'retry_after is the exact wait');
+SET LOCAL pg_throttle.test_clock = '2034-01-01 00:00:00.099999+00';
+SELECT ok(NOT (SELECT allowed FROM throttle.take('tap.b', 10, '1 second', 4, 1)), 'denied 1 us before new - tau = now');
+SET LOCAL pg_throttle.test_clock = '2034-01-01 00:00:00.1+00';
+SELECT ok((SELECT allowed FROM throttle.take('tap.b', 10, '1 second', 4, 1)), 'allowed exactly at new - tau = now');
+
+-- Declared buckets, and the cost-only overloads resolve unambiguously.
+INSERT INTO throttle.bucket (name, rate, per, burst) VALUES ('tap.decl', 60, '1 minute', 2);
+SELECT ok(throttle.allow('tap.decl'), 'declared: first');
+SELECT ok(throttle.allow('tap.decl', 1), 'declared: second, cost given');
+SELECT ok(NOT throttle.allow('tap.decl'), 'declared: burst of 2 spent');
+SELECT is((SELECT retry_after FROM throttle.take('tap.decl')), interval '1 s', 'declared: retry_after from the declaration');
+
+-- Error codes.
+SELECT throws_ok($$SELECT * FROM throttle.take(NULL, 1, '1 s')$$, '22004', 'key must not be NULL', 'NULL key: 22004');
+SELECT throws_ok($$SELECT * FROM throttle.take('tap.e', NULL, '1 s')$$, '22004', 'rate must not be NULL', 'NULL rate: 22004');
+SELECT throws_ok($$SELECT * FROM throttle.take('tap.e', 0, '1 s')$$, '22023', 'rate must be positive', 'rate 0: 22023');
+SELECT throws_ok($$SELECT * FROM throttle.take('tap.e', 1, '0')$$, '22023', 'per must be a positive interval', 'per 0: 22023');
+SELECT throws_ok($$SELECT * FROM throttle.take('tap.e', 1, '1 s', 0)$$, '22023', 'burst must be positive', 'burst 0: 22023');
+SELECT throws_ok($$SELECT * FROM throttle.take('tap.e', 1, '1 s', 1, -1)$$, '22023', 'cost must not be negative', 'cost < 0: 22023');
+SELECT throws_ok($$SELECT * FROM throttle.take('tap.e', 1, '1 s', 1, 2)$$, '22023', 'cost must not exceed burst', 'cost > burst: 22023');
+SELECT throws_ok($$SELECT * FROM throttle.take('tap.e', 2000000, '1 s')$$, '22023', 'rate must not exceed one per microsecond', 'rate above 1/us: 22023');
+SELECT throws_ok($$SELECT * FROM throttle.take('tap.undeclared')$$, '42704', 'bucket "tap.undeclared" is not declared', 'undeclared: 42704');
+SELECT throws_ok($$SELECT throttle.wait('tap.e', 1, '1 s', 1, 1, '-1 s')$$, '22023', 'timeout must not be negative', 'negative timeout: 22023');
+SELECT throws_ok($$SELECT throttle.wait('tap.e', 1, '1 s', 1, 2)$$, '22023', 'cost must not exceed burst', 'wait cost > burst: 22023');
+
+-- wait with a timeout it cannot meet returns false at once and reserves nothing.
+SET LOCAL pg_throttle.test_clock = '2035-01-01 00:00:00+00';
+SELECT ok(throttle.allow('tap.w', 1, '1 hour', 1), 'bucket emptied');
+SELECT ok(NOT throttle.wait('tap.w', 1, '1 hour', 1, 1, '59 minutes'), 'a wait beyond the timeout returns false');
+SELECT is((SELECT retry_after FROM throttle.take('tap.w', 1, '1 hour', 1)), interval '1 hour',
+    'and reserved nothing');
+
+SELECT * FROM finish();
+ROLLBACK;
