@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the suites that need a server, against the cluster named by the libpq
 # environment (pg_virtualenv sets it). One profile per server configuration:
-#   main           pg_throttle preloaded, default settings: pg_regress, pgTAP, concurrency
+#   main           pg_throttle preloaded, default settings: pg_regress, pgTAP, real clients
 #   small-registry pg_throttle preloaded, pg_throttle.max_entries = 100
 #   not-preloaded  pg_throttle installed but not in shared_preload_libraries
 # Each suite's counts are appended to $PG_THROTTLE_RESULTS as "suite passed failed".
@@ -19,6 +19,8 @@ main)
         -c "CREATE EXTENSION IF NOT EXISTS pg_throttle" || status=1
     run_suite pgtap prove pg_prove --verbose test/pgtap/*.sql || status=1
     run_suite concurrency prove prove --verbose test/integration/concurrency.py || status=1
+    run_suite rate-clients prove prove --verbose test/integration/rate_concurrency.py || status=1
+    run_suite wait prove prove --verbose test/integration/wait.py || status=1
     ;;
 small-registry)
     run_suite registry-full prove prove --verbose test/integration/registry_full.py || status=1
