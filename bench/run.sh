@@ -7,9 +7,9 @@ set -euo pipefail
 source "$(dirname "$0")/../scripts/lib.sh"
 
 if [ "${1:-}" != "--inside" ]; then
-    install_missing_packages
+    install_missing_packages bc
     build_and_install
-    exec pg_virtualenv -t -o shared_preload_libraries=pg_throttle -o max_connections=100 -o pg_throttle.max_entries=200000 \
+    exec pg_virtualenv -t -o shared_preload_libraries=pg_throttle -o max_connections=100 -o pg_throttle.max_entries=300000 \
         -o shared_buffers=256MB "$0" --inside
 fi
 
@@ -24,6 +24,9 @@ psql -qX -v ON_ERROR_STOP=1 -f setup.sql
 # The 100 000 resources exist before the runs: every call is a lookup of a live key.
 psql -qX -v ON_ERROR_STOP=1 -c \
     "SELECT count(*) FROM generate_series(1, 100000) AS g WHERE throttle.acquire('bench.key.' || g, '1 hour')" \
+    >/dev/null
+psql -qX -v ON_ERROR_STOP=1 -c \
+    "SELECT count(*) FROM generate_series(1, 100000) AS g WHERE throttle.allow('bench.bucket.' || g, 10, '1 second', 10)" \
     >/dev/null
 
 mapfile -t scripts < <(grep -v '^#' contenders.txt | awk '{print $1}')

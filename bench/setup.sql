@@ -26,3 +26,24 @@ BEGIN
     RETURN FOUND;
 END
 $$;
+
+-- The upsert token bucket people write in PL/pgSQL: one row per key, refilled
+-- from the time since its last update, one INSERT ... ON CONFLICT per call.
+CREATE TABLE bucket_state (key text PRIMARY KEY, tokens double precision NOT NULL,
+                           updated_at timestamptz NOT NULL);
+
+CREATE FUNCTION upsert_take(k text, rate double precision, per_seconds double precision,
+                            burst double precision) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO bucket_state AS b (key, tokens, updated_at)
+    VALUES (k, burst - 1, clock_timestamp())
+    ON CONFLICT (key) DO UPDATE
+        SET tokens = least(burst, b.tokens + extract(epoch FROM clock_timestamp() - b.updated_at)
+                                             * rate / per_seconds) - 1,
+            updated_at = clock_timestamp()
+        WHERE least(burst, b.tokens + extract(epoch FROM clock_timestamp() - b.updated_at)
+                                      * rate / per_seconds) >= 1;
+    RETURN FOUND;
+END
+$$;

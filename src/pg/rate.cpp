@@ -19,12 +19,22 @@ Datum interval_datum(core::Micros micros) {
     return IntervalPGetDatum(value);
 }
 
-Datum take_result(FunctionCallInfo fcinfo, const core::GcraDecision& decision) {
-    TupleDesc desc = nullptr;
-    if (get_call_result_type(fcinfo, nullptr, &desc) != TYPEFUNC_COMPOSITE) {
-        elog(ERROR, "throttle.take must return a composite type");
+// The blessed result descriptor, built once per call site (fn_extra).
+TupleDesc take_result_desc(FunctionCallInfo fcinfo) {
+    if (fcinfo->flinfo->fn_extra == nullptr) {
+        TupleDesc desc = nullptr;
+        if (get_call_result_type(fcinfo, nullptr, &desc) != TYPEFUNC_COMPOSITE) {
+            elog(ERROR, "throttle.take must return a composite type");
+        }
+        const MemoryContext previous = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
+        fcinfo->flinfo->fn_extra = BlessTupleDesc(CreateTupleDescCopy(desc));
+        MemoryContextSwitchTo(previous);
     }
-    desc = BlessTupleDesc(desc);
+    return static_cast<TupleDesc>(fcinfo->flinfo->fn_extra);
+}
+
+Datum take_result(FunctionCallInfo fcinfo, const core::GcraDecision& decision) {
+    TupleDesc desc = take_result_desc(fcinfo);
     Datum values[kTakeColumns];
     bool nulls[kTakeColumns] = {};
     values[0] = BoolGetDatum(decision.allowed);

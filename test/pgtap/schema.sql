@@ -1,6 +1,6 @@
 -- The installed SQL surface: objects, signatures, properties, documentation.
 BEGIN;
-SELECT plan(20);
+SELECT plan(21);
 
 SELECT has_schema('throttle');
 SELECT has_table('throttle', 'resource', 'catalog table throttle.resource');
@@ -10,7 +10,8 @@ SELECT col_not_null('throttle', 'resource', 'every', 'every is required');
 SELECT col_type_is('throttle', 'resource', 'comment', 'text', 'comment is text');
 SELECT has_view('throttle', 'status', 'view throttle.status');
 SELECT columns_are('throttle', 'status',
-    ARRAY['kind', 'name', 'holder', 'holder_pid', 'granted_at', 'next_grant_at', 'grants', 'denials'],
+    ARRAY['kind', 'name', 'holder', 'holder_pid', 'granted_at', 'next_grant_at', 'grants', 'denials',
+          'rate', 'per', 'burst', 'remaining'],
     'throttle.status has the documented columns');
 
 SELECT has_function('throttle', 'acquire', ARRAY['text', 'interval', 'text']);
@@ -37,10 +38,10 @@ SELECT is((SELECT extrelocatable FROM pg_extension WHERE extname = 'pg_throttle'
 SELECT is((SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'pg_throttle'),
     'throttle', 'the extension lives in schema throttle');
 SELECT is(
-    (SELECT array_agg(c::regclass::text) FROM pg_extension e, unnest(e.extconfig) AS c
+    (SELECT array_agg(c::regclass::text ORDER BY c::regclass::text) FROM pg_extension e, unnest(e.extconfig) AS c
      WHERE e.extname = 'pg_throttle'),
-    ARRAY['throttle.resource'],
-    'pg_dump keeps the rows operators put in throttle.resource');
+    ARRAY['throttle.bucket', 'throttle.resource'],
+    'pg_dump keeps the rows operators put in throttle.resource and throttle.bucket');
 SELECT is((SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle'),
     (SELECT default_version FROM pg_available_extensions WHERE name = 'pg_throttle'),
     'the installed version is the default version');
@@ -48,6 +49,9 @@ SELECT ok(has_table_privilege('public', 'throttle.resource', 'SELECT'),
     'everyone may read declared resources');
 SELECT ok(NOT has_table_privilege('public', 'throttle.resource', 'INSERT'),
     'only privileged roles may declare resources');
+SELECT ok(has_table_privilege('public', 'throttle.bucket', 'SELECT')
+          AND NOT has_table_privilege('public', 'throttle.bucket', 'INSERT'),
+    'everyone may read declared buckets, only privileged roles may declare them');
 
 SELECT * FROM finish();
 ROLLBACK;

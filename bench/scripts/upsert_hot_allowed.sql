@@ -1,0 +1,1 @@
+SELECT upsert_take('hot-allowed', 1000000, 1, 1000000);

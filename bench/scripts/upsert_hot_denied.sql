@@ -1,0 +1,1 @@
+SELECT upsert_take('hot-denied', 1, 3600, 1);
