@@ -30,4 +30,12 @@ void clip_text(const text* value, size_t limit, char* out) {
     out[kept] = '\0';
 }
 
+Datum interval_datum(core::Micros micros) {
+    auto* value = static_cast<Interval*>(palloc(sizeof(Interval)));
+    value->time = micros;
+    value->day = 0;
+    value->month = 0;
+    return IntervalPGetDatum(value);
+}
+
 }  // namespace pg_throttle::pg

@@ -1,4 +1,5 @@
-// Checked reading of SQL arguments shared by the SQL function families.
+// SQL values in and out: checked reading of arguments, and results, shared by
+// the SQL function families.
 #pragma once
 
 #include "core/time_math.hpp"
@@ -16,5 +17,8 @@ core::Micros positive_interval(const Interval* interval, const char* what);
 // The text `value` clipped to at most `limit` bytes on a character boundary,
 // copied NUL-terminated into `out` (which has room for limit + 1 bytes).
 void clip_text(const text* value, size_t limit, char* out);
+
+// A duration as an interval of microseconds only (no days or months).
+Datum interval_datum(core::Micros micros);
 
 }  // namespace pg_throttle::pg

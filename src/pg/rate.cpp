@@ -4,20 +4,13 @@
 #include "pg/bucket.hpp"
 #include "pg/clock.hpp"
 
+#include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
 
 namespace pg_throttle::pg {
 namespace {
 
 constexpr int kTakeColumns = 4;
-
-Datum interval_datum(core::Micros micros) {
-    auto* value = static_cast<Interval*>(palloc(sizeof(Interval)));
-    value->time = micros;
-    value->day = 0;
-    value->month = 0;
-    return IntervalPGetDatum(value);
-}
 
 // The blessed result descriptor, built once per call site (fn_extra).
 TupleDesc take_result_desc(FunctionCallInfo fcinfo) {

@@ -226,6 +226,7 @@ void registry_update_existing(const RegistryKey& key,
         hash_search_with_hash_value(registry, &key, hash, HASH_FIND, nullptr));
     if (entry != nullptr) {
         update(entry, ctx);
+        lower_reclaim_not_before(entry->expires_at);
     }
 }
 

@@ -4,6 +4,7 @@
 #include "pg/clock.hpp"
 #include "pg/registry.hpp"
 
+#include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
 
 namespace pg_throttle::pg {
@@ -22,14 +23,6 @@ Datum timestamp_or_infinity(core::Micros value) {
         TIMESTAMP_NOEND(ts);
     }
     return TimestampTzGetDatum(ts);
-}
-
-Datum interval_datum(core::Micros micros) {
-    auto* value = static_cast<Interval*>(palloc(sizeof(Interval)));
-    value->time = micros;
-    value->day = 0;
-    value->month = 0;
-    return IntervalPGetDatum(value);
 }
 
 // Bucket columns: the shape of the last call, and the units left now.

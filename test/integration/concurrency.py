@@ -5,34 +5,19 @@ pgbench runs the clients; every grant is recorded in a table, so the number of
 grants is counted independently of the extension's own counters.
 """
 import os
-import re
-import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pgconn import connect  # noqa: E402
+from pgconn import connect, pgbench as run_pgbench  # noqa: E402
 from tap import Tap  # noqa: E402
 
 CLIENTS = 16
 SECONDS = 4
 
 
-def pgbench(script, seconds=SECONDS, clients=CLIENTS):
-    with tempfile.NamedTemporaryFile("w", suffix=".pgbench", delete=False) as f:
-        f.write(script)
-        path = f.name
-    try:
-        out = subprocess.run(
-            ["pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", "2",
-             "-T", str(seconds), "-f", path],
-            check=True, capture_output=True, text=True).stdout
-    finally:
-        os.unlink(path)
-    processed = int(re.search(r"number of transactions actually processed: (\d+)", out).group(1))
-    failed = re.search(r"number of failed transactions: (\d+)", out)
-    return processed, int(failed.group(1)) if failed else 0
+def pgbench(script):
+    return run_pgbench(script, SECONDS, CLIENTS)
 
 
 def main():

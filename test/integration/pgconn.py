@@ -1,4 +1,9 @@
 """Connections to the cluster the suite runs against (libpq environment)."""
+import os
+import re
+import subprocess
+import tempfile
+
 import psycopg2
 
 
@@ -17,3 +22,21 @@ def sql_error(conn, statement, params=None):
     except psycopg2.Error as e:
         diag = e.diag
         return (e.pgcode, diag.message_primary, diag.message_hint)
+
+
+def pgbench(script, seconds, clients):
+    """Runs `script` with pgbench (prepared protocol, 2 threads); returns
+    (transactions processed, transactions failed)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".pgbench", delete=False) as f:
+        f.write(script)
+        path = f.name
+    try:
+        out = subprocess.run(
+            ["pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", "2",
+             "-T", str(seconds), "-f", path],
+            check=True, capture_output=True, text=True).stdout
+    finally:
+        os.unlink(path)
+    processed = int(re.search(r"number of transactions actually processed: (\d+)", out).group(1))
+    failed = re.search(r"number of failed transactions: (\d+)", out)
+    return processed, int(failed.group(1)) if failed else 0

@@ -6,13 +6,10 @@ allowed <= burst + rate * elapsed; with callers far outpacing the rate it
 should also hand out nearly all of it (>= 95 %).
 """
 import os
-import re
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pgconn import connect  # noqa: E402
+from pgconn import connect, pgbench  # noqa: E402
 from tap import Tap  # noqa: E402
 
 CLIENTS = 16
@@ -33,16 +30,9 @@ SELECT throttle.allow('rc.hot', {RATE}, '1 second', {BURST}) AS ok \\gset
 INSERT INTO rate_grants DEFAULT VALUES;
 \\endif
 """
-    with tempfile.NamedTemporaryFile("w", suffix=".pgbench", delete=False) as f:
-        f.write(script)
-        path = f.name
     cur.execute("SELECT clock_timestamp()")
     started = cur.fetchone()[0]
-    out = subprocess.run(["pgbench", "-n", "-M", "prepared", "-c", str(CLIENTS), "-j", "2",
-                          "-T", str(SECONDS), "-f", path],
-                         check=True, capture_output=True, text=True).stdout
-    os.unlink(path)
-    calls = int(re.search(r"number of transactions actually processed: (\d+)", out).group(1))
+    calls, _ = pgbench(script, SECONDS, CLIENTS)
     cur.execute("SELECT count(*), extract(epoch FROM clock_timestamp() - %s), "
                 "extract(epoch FROM max(at) - min(at)) FROM rate_grants", (started,))
     allowed, outer, inner = cur.fetchone()
