@@ -5,13 +5,14 @@ EXTVERSION := $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" $(EXTENSION).c
 CORE_SRCS = src/core/time_math.cpp src/core/interval_gate.cpp src/core/gcra.cpp
 PG_SRCS   = src/pg/module.cpp src/pg/boundary.cpp src/pg/clock.cpp src/pg/registry.cpp \
             src/pg/arguments.cpp src/pg/holder.cpp src/pg/catalog.cpp \
-            src/pg/acquire.cpp src/pg/status.cpp src/pg/bucket.cpp src/pg/rate.cpp src/pg/wait.cpp
+            src/pg/acquire.cpp src/pg/status.cpp src/pg/bucket.cpp src/pg/rate.cpp src/pg/wait.cpp \
+            src/pg/fence.cpp src/pg/lock_waiters.cpp src/pg/locks.cpp
 
 MODULE_big = pg_throttle
 OBJS       = $(CORE_SRCS:.cpp=.o) $(PG_SRCS:.cpp=.o)
 DATA_built = $(EXTENSION)--$(EXTVERSION).sql
 
-REGRESS      = acquire bad_input status other_database reinstall rate
+REGRESS      = acquire bad_input status other_database reinstall rate locks
 REGRESS_OPTS = --load-extension=pg_throttle
 
 PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-register -Wno-missing-field-initializers \

@@ -21,6 +21,7 @@ main)
     run_suite concurrency prove prove --verbose test/integration/concurrency.py || status=1
     run_suite rate-clients prove prove --verbose test/integration/rate_concurrency.py || status=1
     run_suite wait prove prove --verbose test/integration/wait.py || status=1
+    run_suite locks prove prove --verbose test/integration/locks.py || status=1
     ;;
 small-registry)
     run_suite registry-full prove prove --verbose test/integration/registry_full.py || status=1

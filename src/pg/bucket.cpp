@@ -84,9 +84,9 @@ void reserve_apply_exclusive(RegistryEntry* entry, bool created, void* ctx) {
     auto* call = static_cast<ReserveCall*>(ctx);
     call->decision = decide(*call, created ? nullptr : entry);
     const BucketRequest& request = *call->request;
-    entry->bucket_per = request.per;
-    entry->bucket_rate = request.rate;
-    entry->bucket_burst = request.burst;
+    entry->of.bucket.per = request.per;
+    entry->of.bucket.rate = request.rate;
+    entry->of.bucket.burst = request.burst;
     if (!call->decision.allowed) {
         if (created) {
             entry->expires_at = call->now;  // nothing to remember: reclaimable at once

@@ -1,5 +1,7 @@
 // Module load: GUCs and the shared-memory hooks.
 #include "pg/clock.hpp"
+#include "pg/fence.hpp"
+#include "pg/lock_waiters.hpp"
 #include "pg/pg_headers.hpp"
 #include "pg/registry.hpp"
 
@@ -18,6 +20,8 @@ void on_shmem_request() {
         previous_shmem_request();
     }
     pg_throttle::pg::registry_request_shmem();
+    RequestAddinShmemSpace(pg_throttle::pg::fence_shmem_size());
+    RequestAddinShmemSpace(pg_throttle::pg::waiters_shmem_size());
 }
 
 void on_shmem_startup() {
@@ -25,6 +29,10 @@ void on_shmem_startup() {
         previous_shmem_startup();
     }
     pg_throttle::pg::registry_attach_shmem();
+    LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+    pg_throttle::pg::fence_attach_shmem();
+    pg_throttle::pg::waiters_attach_shmem();
+    LWLockRelease(AddinShmemInitLock);
 }
 
 }  // namespace

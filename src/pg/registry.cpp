@@ -4,6 +4,7 @@ namespace pg_throttle::pg {
 namespace {
 
 constexpr int kPartitions = 16;
+constexpr int kWaitersLock = kPartitions;  // after the partition locks in the tranche
 constexpr const char* kTrancheName = "pg_throttle";
 
 int max_entries = 100000;
@@ -90,7 +91,7 @@ long reclaim_expired(core::Micros now) {
         HASH_SEQ_STATUS scan;
         hash_seq_init(&scan, registry);
         while (auto* entry = static_cast<RegistryEntry*>(hash_seq_search(&scan))) {
-            if (now >= entry->expires_at) {
+            if (registry_reclaimable(*entry, now)) {
                 hash_search(registry, &entry->key, HASH_REMOVE, nullptr);
                 reclaimed++;
             } else if (entry->expires_at < earliest_survivor) {
@@ -138,6 +139,8 @@ const char* entry_kind_name(EntryKind kind) {
             return "resource";
         case EntryKind::kBucket:
             return "bucket";
+        case EntryKind::kLock:
+            return "lock";
     }
     return "unknown";
 }
@@ -152,7 +155,7 @@ void registry_define_gucs() {
 void registry_request_shmem() {
     RequestAddinShmemSpace(add_size(MAXALIGN(sizeof(RegistryShared)),
                                     hash_estimate_size(max_entries, sizeof(RegistryEntry))));
-    RequestNamedLWLockTranche(kTrancheName, kPartitions);
+    RequestNamedLWLockTranche(kTrancheName, kPartitions + 1);
 }
 
 void registry_attach_shmem() {
@@ -228,6 +231,32 @@ void registry_update_existing(const RegistryKey& key,
         update(entry, ctx);
         lower_reclaim_not_before(entry->expires_at);
     }
+}
+
+bool registry_reclaimable(const RegistryEntry& entry, core::Micros now) {
+    if (now < entry.expires_at) {
+        return false;
+    }
+    return static_cast<EntryKind>(entry.key.kind) != EntryKind::kLock || entry.of.lock.waiters == 0;
+}
+
+void registry_for_each_exclusive(void (*visit)(RegistryEntry* entry, void* ctx), void* ctx) {
+    lock_all_partitions(LW_EXCLUSIVE);
+    HASH_SEQ_STATUS scan;
+    hash_seq_init(&scan, registry);
+    while (auto* entry = static_cast<RegistryEntry*>(hash_seq_search(&scan))) {
+        visit(entry, ctx);
+        lower_reclaim_not_before(entry->expires_at);
+    }
+    unlock_all_partitions();
+}
+
+LWLock* registry_waiters_lock() {
+    return &partition_locks[kWaitersLock].lock;
+}
+
+LWLock* registry_partition_lock(const RegistryKey& key) {
+    return partition_lock(get_hash_value(registry, &key));
 }
 
 void registry_raise_full() {

@@ -11,7 +11,7 @@
 
 namespace pg_throttle::pg {
 
-enum class EntryKind : uint8 { kResource = 1, kBucket = 2 };
+enum class EntryKind : uint8 { kResource = 1, kBucket = 2, kLock = 3 };
 
 const char* entry_kind_name(EntryKind kind);
 
@@ -30,10 +30,18 @@ struct RegistryEntry {
     // denials are counted under the partition's shared lock.
     uint64 grants;
     uint64 denials;
-    // Buckets: the shape of the last call (the bucket's TAT is expires_at).
-    int64 bucket_per;  // microseconds
-    int32 bucket_rate;
-    int32 bucket_burst;
+    union {
+        struct {        // the shape of the last call; the bucket's TAT is expires_at
+            int64 per;  // microseconds
+            int32 rate;
+            int32 burst;
+        } bucket;
+        struct {            // expires_at: the lease's end, kNever for a session lock
+            int64 token;    // the fence token of the current grant
+            int32 waiters;  // backends queued for it (see lock_waiters.hpp)
+            bool session;   // held until unlock or the holder's session ends
+        } lock;
+    } of;
     int32 holder_pid;
     char holder[core::kMaxHolderBytes + 1];
 };
@@ -72,9 +80,23 @@ void registry_make_key(EntryKind kind, const char* name, size_t len, const char*
 // entries (as of `now`) when the table is full; kFull when none could be.
 ApplyResult registry_apply(const RegistryKey& key, core::Micros now, const EntryOp& op, void* ctx);
 
+// Whether an entry constrains nobody at `now` and may be dropped: its expiry
+// has passed and no backend is queued for it.
+bool registry_reclaimable(const RegistryEntry& entry, core::Micros now);
+
 // Runs `op` on the entry of `key` only if it exists, under the exclusive lock.
 void registry_update_existing(const RegistryKey& key,
                               void (*update)(RegistryEntry* entry, void* ctx), void* ctx);
+
+// Calls `visit` for every entry of every database under every partition's
+// exclusive lock. `visit` may not raise an error.
+void registry_for_each_exclusive(void (*visit)(RegistryEntry* entry, void* ctx), void* ctx);
+
+// The lock that guards the lock waiter slots; taken after a partition lock.
+LWLock* registry_waiters_lock();
+
+// The partition lock of `key` (for code that keeps state beside the entry).
+LWLock* registry_partition_lock(const RegistryKey& key);
 
 // Raises SQLSTATE 53200 with a hint naming pg_throttle.max_entries.
 [[noreturn]] void registry_raise_full();

@@ -10,7 +10,7 @@
 namespace pg_throttle::pg {
 namespace {
 
-constexpr int kStatusColumns = 12;
+constexpr int kStatusColumns = 14;
 
 struct StatusScan {
     ReturnSetInfo* rsinfo;
@@ -28,10 +28,10 @@ Datum timestamp_or_infinity(core::Micros value) {
 // Bucket columns: the shape of the last call, and the units left now.
 void fill_bucket_columns(const RegistryEntry& entry, core::Micros now, Datum* values, bool* nulls) {
     const core::BucketShapeResult shape =
-        core::make_bucket_shape(entry.bucket_rate, entry.bucket_per, entry.bucket_burst);
-    values[8] = Int32GetDatum(entry.bucket_rate);
-    values[9] = interval_datum(entry.bucket_per);
-    values[10] = Int32GetDatum(entry.bucket_burst);
+        core::make_bucket_shape(entry.of.bucket.rate, entry.of.bucket.per, entry.of.bucket.burst);
+    values[8] = Int32GetDatum(entry.of.bucket.rate);
+    values[9] = interval_datum(entry.of.bucket.per);
+    values[10] = Int32GetDatum(entry.of.bucket.burst);
     values[11] =
         Int32GetDatum(static_cast<int32>(core::gcra_remaining(entry.expires_at, now, shape.shape)));
     // One more unit passes when a request of 1 would.
@@ -54,12 +54,18 @@ void emit_status_row(const RegistryEntry& entry, void* ctx) {
     values[6] = Int64GetDatum(static_cast<int64>(__atomic_load_n(&entry.grants, __ATOMIC_RELAXED)));
     values[7] =
         Int64GetDatum(static_cast<int64>(__atomic_load_n(&entry.denials, __ATOMIC_RELAXED)));
+    for (int i = 8; i < kStatusColumns; i++) {
+        nulls[i] = true;
+    }
     if (kind == EntryKind::kBucket) {
-        fill_bucket_columns(entry, scan->now, values, nulls);
-    } else {
-        for (int i = 8; i < kStatusColumns; i++) {
-            nulls[i] = true;
+        for (int i = 8; i < 12; i++) {
+            nulls[i] = false;
         }
+        fill_bucket_columns(entry, scan->now, values, nulls);
+    } else if (kind == EntryKind::kLock) {
+        values[12] = Int64GetDatum(entry.of.lock.token);
+        values[13] = Int32GetDatum(entry.of.lock.waiters);
+        nulls[12] = nulls[13] = false;
     }
     tuplestore_putvalues(scan->rsinfo->setResult, scan->rsinfo->setDesc, values, nulls);
 }

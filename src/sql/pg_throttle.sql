@@ -97,13 +97,39 @@ COMMENT ON FUNCTION throttle.wait(text, integer, interval, integer, integer, int
     'Blocks until the request is allowed, then returns true; returns false at once when the wait would exceed timeout (NULL: no limit). Waiters of one key pass in arrival order.';
 
 --
+-- Locks and leases with fence tokens.
+--
+CREATE FUNCTION throttle.lock(name text, ttl interval DEFAULT NULL, wait interval DEFAULT '0',
+                              holder text DEFAULT NULL)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'pg_throttle_lock'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle.lock(text, interval, interval, text) IS
+    'Takes the named lock and returns its fence token, or NULL when it could not be had within wait (NULL: no limit). ttl NULL: a session lock, held until unlocked or the session ends; ttl given: a lease that expires ttl after the grant unless renewed. Waiters are served in arrival order.';
+
+CREATE FUNCTION throttle.unlock(name text, token bigint)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'pg_throttle_unlock'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle.unlock(text, bigint) IS
+    'Releases the lock if token is its current fence token (the next waiter gets it); false for a stale token or a lock not held.';
+
+CREATE FUNCTION throttle.renew(name text, token bigint, ttl interval)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'pg_throttle_renew'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle.renew(text, bigint, interval) IS
+    'Extends a lease held with token to expire ttl from now; false if the token is no longer current.';
+
+--
 -- Operator view of the shared-memory registry.
 --
 CREATE FUNCTION throttle.registry_entries(
     OUT kind text, OUT name text, OUT holder text, OUT holder_pid integer,
     OUT granted_at timestamptz, OUT next_grant_at timestamptz,
     OUT grants bigint, OUT denials bigint,
-    OUT rate integer, OUT per interval, OUT burst integer, OUT remaining integer)
+    OUT rate integer, OUT per interval, OUT burst integer, OUT remaining integer,
+    OUT token bigint, OUT waiters integer)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'pg_throttle_registry_entries'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
@@ -112,8 +138,18 @@ COMMENT ON FUNCTION throttle.registry_entries() IS
 
 CREATE VIEW throttle.status AS
     SELECT kind, name, holder, holder_pid, granted_at, next_grant_at, grants, denials,
-           rate, per, burst, remaining
+           rate, per, burst, remaining, token, waiters
     FROM throttle.registry_entries();
 COMMENT ON VIEW throttle.status IS
-    'One row per registry entry of this database still in force: resources whose interval has not passed, buckets that are not full. Who was granted last, when, when one more unit can be granted, grants and denials since the entry was created; for buckets rate, per, burst and the units remaining.';
+    'One row per registry entry of this database still in force: resources whose interval has not passed, buckets that are not full, locks that are held. Who was granted last, when, when it can next be granted, grants and denials since the entry was created; for buckets rate, per, burst and the units remaining; for locks the fence token and the number of waiters.';
 GRANT SELECT ON throttle.status TO PUBLIC;
+
+CREATE VIEW throttle.locks AS
+    SELECT name, holder, holder_pid, granted_at,
+           CASE WHEN next_grant_at = 'infinity' THEN NULL ELSE next_grant_at END AS expires_at,
+           next_grant_at = 'infinity' AS session, token, waiters
+    FROM throttle.registry_entries()
+    WHERE kind = 'lock';
+COMMENT ON VIEW throttle.locks IS
+    'The locks of this database that are held: holder, backend pid, when granted, when the lease expires (NULL: a session lock, held until unlocked or the session ends), fence token, backends waiting.';
+GRANT SELECT ON throttle.locks TO PUBLIC;

@@ -1,6 +1,6 @@
 -- The installed SQL surface: objects, signatures, properties, documentation.
 BEGIN;
-SELECT plan(21);
+SELECT plan(26);
 
 SELECT has_schema('throttle');
 SELECT has_table('throttle', 'resource', 'catalog table throttle.resource');
@@ -11,10 +11,17 @@ SELECT col_type_is('throttle', 'resource', 'comment', 'text', 'comment is text')
 SELECT has_view('throttle', 'status', 'view throttle.status');
 SELECT columns_are('throttle', 'status',
     ARRAY['kind', 'name', 'holder', 'holder_pid', 'granted_at', 'next_grant_at', 'grants', 'denials',
-          'rate', 'per', 'burst', 'remaining'],
+          'rate', 'per', 'burst', 'remaining', 'token', 'waiters'],
     'throttle.status has the documented columns');
 
 SELECT has_function('throttle', 'acquire', ARRAY['text', 'interval', 'text']);
+SELECT has_function('throttle', 'lock', ARRAY['text', 'interval', 'interval', 'text']);
+SELECT function_returns('throttle', 'lock', ARRAY['text', 'interval', 'interval', 'text'], 'bigint');
+SELECT has_function('throttle', 'unlock', ARRAY['text', 'bigint']);
+SELECT has_function('throttle', 'renew', ARRAY['text', 'bigint', 'interval']);
+SELECT columns_are('throttle', 'locks',
+    ARRAY['name', 'holder', 'holder_pid', 'granted_at', 'expires_at', 'session', 'token', 'waiters'],
+    'throttle.locks has the documented columns');
 SELECT function_returns('throttle', 'acquire', ARRAY['text', 'interval', 'text'], 'boolean');
 SELECT volatility_is('throttle', 'acquire', ARRAY['text', 'interval', 'text'], 'volatile',
     'acquire is volatile: every call is a new decision');

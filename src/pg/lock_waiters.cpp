@@ -1,0 +1,66 @@
+#include "pg/lock_waiters.hpp"
+
+namespace pg_throttle::pg {
+namespace {
+
+WaiterSlot* slots = nullptr;
+int slot_count = 0;
+uint64* arrivals = nullptr;  // shared arrival counter, right after the slots
+
+bool same_key(const RegistryKey& a, const RegistryKey& b) {
+    return a.dbid == b.dbid && a.kind == b.kind && a.name_len == b.name_len &&
+           memcmp(a.name, b.name, a.name_len) == 0;
+}
+
+}  // namespace
+
+Size waiters_shmem_size() {
+    return add_size(mul_size(MaxBackends + 1, sizeof(WaiterSlot)), sizeof(uint64));
+}
+
+void waiters_attach_shmem() {
+    bool found = false;
+    slot_count = MaxBackends + 1;
+    slots = static_cast<WaiterSlot*>(
+        ShmemInitStruct("pg_throttle lock waiters", waiters_shmem_size(), &found));
+    arrivals = reinterpret_cast<uint64*>(slots + slot_count);
+    if (!found) {
+        memset(static_cast<void*>(slots), 0, waiters_shmem_size());
+    }
+}
+
+WaiterSlot* my_waiter_slot() {
+    Assert(MyBackendId > 0 && MyBackendId < slot_count);
+    return &slots[MyBackendId];
+}
+
+void waiter_enqueue(const RegistryKey& key, int64 ttl, const char* holder) {
+    WaiterSlot* slot = my_waiter_slot();
+    LWLockAcquire(registry_waiters_lock(), LW_EXCLUSIVE);
+    slot->key = key;
+    slot->arrival = ++*arrivals;
+    slot->ttl = ttl;
+    slot->granted_token = 0;
+    slot->pid = MyProcPid;
+    slot->pgprocno = MyProc->pgprocno;
+    strlcpy(slot->holder, holder, sizeof slot->holder);
+    slot->waiting = true;
+    LWLockRelease(registry_waiters_lock());
+}
+
+WaiterSlot* waiter_dequeue_earliest(const RegistryKey& key) {
+    WaiterSlot* earliest = nullptr;
+    for (int i = 1; i < slot_count; i++) {
+        WaiterSlot* slot = &slots[i];
+        if (slot->waiting && same_key(slot->key, key) &&
+            (earliest == nullptr || slot->arrival < earliest->arrival)) {
+            earliest = slot;
+        }
+    }
+    if (earliest != nullptr) {
+        earliest->waiting = false;
+    }
+    return earliest;
+}
+
+}  // namespace pg_throttle::pg
