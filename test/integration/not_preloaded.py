@@ -11,6 +11,13 @@ CALLS = [
     "SELECT throttle.acquire('np.job', '1 hour')",
     "SELECT throttle.acquire('np.job')",
     "SELECT * FROM throttle.status",
+    "SELECT * FROM throttle.take('np.key', 10, '1 second')",
+    "SELECT throttle.allow('np.key', 10, '1 second')",
+    "SELECT throttle.wait('np.key', 10, '1 second')",
+    "SELECT throttle.lock('np.lock')",
+    "SELECT throttle.unlock('np.lock', 1)",
+    "SELECT throttle.renew('np.lock', 1, '1 second')",
+    "SELECT * FROM throttle.locks",
 ]
 
 
