@@ -6,7 +6,7 @@ CORE_SRCS = src/core/time_math.cpp src/core/interval_gate.cpp src/core/gcra.cpp
 PG_SRCS   = src/pg/module.cpp src/pg/boundary.cpp src/pg/clock.cpp src/pg/registry.cpp \
             src/pg/arguments.cpp src/pg/holder.cpp src/pg/catalog.cpp \
             src/pg/acquire.cpp src/pg/status.cpp src/pg/bucket.cpp src/pg/rate.cpp src/pg/wait.cpp \
-            src/pg/fence.cpp src/pg/lock_waiters.cpp src/pg/locks.cpp
+            src/pg/fence.cpp src/pg/lock_waiters.cpp src/pg/locks.cpp src/pg/clock_sql.cpp
 
 MODULE_big = pg_throttle
 OBJS       = $(CORE_SRCS:.cpp=.o) $(PG_SRCS:.cpp=.o)
@@ -28,8 +28,10 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
-$(EXTENSION)--$(EXTVERSION).sql: src/sql/$(EXTENSION).sql $(EXTENSION).control
-	cp $< $@
+# The install script: the SQL sources in order, one file per family.
+SQL_SRCS = src/sql/$(EXTENSION).sql src/sql/queue.sql
+$(EXTENSION)--$(EXTVERSION).sql: $(SQL_SRCS) $(EXTENSION).control
+	cat $(SQL_SRCS) > $@
 
 # Header dependencies (-MMD): PGXS tracks none for C++ sources.
 -include $(OBJS:.o=.d)
