@@ -12,7 +12,7 @@ MODULE_big = pg_throttle
 OBJS       = $(CORE_SRCS:.cpp=.o) $(PG_SRCS:.cpp=.o)
 DATA_built = $(EXTENSION)--$(EXTVERSION).sql
 
-REGRESS      = acquire bad_input status other_database reinstall rate locks
+REGRESS      = acquire bad_input status other_database reinstall rate locks queue
 REGRESS_OPTS = --load-extension=pg_throttle
 
 PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-register -Wno-missing-field-initializers \

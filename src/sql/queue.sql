@@ -112,6 +112,13 @@ BEGIN
     IF max_attempts <= 0 THEN
         RAISE EXCEPTION 'max_attempts must be positive' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF queue = '' OR octet_length(queue) > 63 THEN
+        RAISE EXCEPTION 'queue name must have 1 to 63 bytes' USING ERRCODE = 'invalid_parameter_value',
+              DETAIL = 'The queue name is also the NOTIFY channel that workers LISTEN on.';
+    END IF;
+    IF item_key = '' THEN
+        RAISE EXCEPTION 'item_key must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     INSERT INTO throttle.event AS e (queue, item_key, group_key, payload, run_at, max_attempts,
                                      enqueued_at, enqueued_by)
     VALUES (queue, item_key, group_key, payload, run_at, max_attempts, now, throttle._caller())

@@ -1,0 +1,57 @@
+-- The event queue: signatures, error codes, privileges, index use.
+BEGIN;
+SELECT plan(22);
+SET LOCAL pg_throttle.test_clock = '2038-01-01 00:00:00+00';
+
+SELECT has_table('throttle', 'event', 'catalog table throttle.event');
+SELECT has_function('throttle', 'schedule', ARRAY['text', 'text', 'timestamp with time zone', 'jsonb', 'text', 'integer']);
+SELECT function_returns('throttle', 'schedule', ARRAY['text', 'text', 'timestamp with time zone', 'jsonb', 'text', 'integer'], 'bigint');
+SELECT has_function('throttle', 'cancel', ARRAY['text', 'text']);
+SELECT has_function('throttle', 'reschedule', ARRAY['text', 'text', 'timestamp with time zone']);
+SELECT function_returns('throttle', 'claim', ARRAY['text', 'text', 'interval', 'integer'], 'setof throttle.event');
+SELECT function_returns('throttle', 'claim_group', ARRAY['text', 'text', 'interval'], 'setof throttle.event');
+SELECT function_returns('throttle', 'complete', ARRAY['bigint[]', 'text'], 'integer');
+SELECT function_returns('throttle', 'fail', ARRAY['bigint[]', 'text', 'text', 'interval'], 'integer');
+SELECT function_returns('throttle', 'extend', ARRAY['bigint[]', 'text', 'interval'], 'integer');
+SELECT function_returns('throttle', 'retry', ARRAY['bigint'], 'boolean');
+SELECT function_returns('throttle', 'purge', ARRAY['interval'], 'bigint');
+
+SELECT throws_ok($$SELECT throttle.schedule(NULL, 'k', now())$$, '22004', 'queue must not be NULL', 'NULL queue: 22004');
+SELECT throws_ok($$SELECT throttle.schedule('q', 'k', now(), max_attempts => 0)$$, '22023', 'max_attempts must be positive', 'max_attempts 0: 22023');
+SELECT throws_ok($$SELECT throttle.schedule(repeat('q', 64), 'k', now())$$, '22023', 'queue name must have 1 to 63 bytes', 'long queue: 22023');
+SELECT throws_ok($$SELECT * FROM throttle.claim('q', 'w', '0')$$, '22023', 'lease must be a positive interval', 'lease 0: 22023');
+SELECT throws_ok($$SELECT * FROM throttle.claim_group('q', NULL)$$, '22004', 'worker must not be NULL', 'NULL worker: 22004');
+SELECT ok(NOT has_table_privilege('public', 'throttle.event', 'INSERT')
+          AND has_table_privilege('public', 'throttle.event', 'SELECT'),
+    'everyone may read the queue; changes go through the functions');
+SELECT ok(NOT has_function_privilege('public', 'throttle.purge(interval)', 'EXECUTE'),
+    'only privileged roles may purge');
+
+-- The functions find rows through indexes, not by scanning the backlog.
+INSERT INTO throttle.event (queue, item_key, group_key, run_at, state, enqueued_at, enqueued_by, completed_at)
+SELECT 'tap.big', 'k' || g, 'g' || (g % 1000), '2037-01-01'::timestamptz + g * interval '1 second',
+       CASE WHEN g % 3 = 0 THEN 'done' ELSE 'pending' END, now(), 'tap',
+       CASE WHEN g % 3 = 0 THEN now() END
+FROM generate_series(1, 30000) AS g;
+ANALYZE throttle.event;
+CREATE FUNCTION pg_temp.plan_of(query text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    line record;
+    plan text := '';
+BEGIN
+    FOR line IN EXECUTE 'EXPLAIN ' || query LOOP
+        plan := plan || line."QUERY PLAN" || ' ';
+    END LOOP;
+    RETURN plan;
+END
+$$;
+SELECT alike(pg_temp.plan_of($$SELECT id FROM throttle.event WHERE queue = 'tap.big' AND state = 'pending'
+                                AND run_at <= now() ORDER BY run_at, id LIMIT 10 FOR UPDATE SKIP LOCKED$$),
+    '%Index Scan using event_due%', 'the due scan of claim uses the event_due index');
+SELECT is((SELECT count(*)::int FROM throttle.claim('tap.big', 'w', '1 minute', 5)), 0,
+    'claim leaves grouped events alone');
+SELECT is((SELECT count(*)::int FROM throttle.claim_group('tap.big', 'w', '1 minute')), 20,
+    'claim_group takes one whole group (20 due events)');
+
+SELECT * FROM finish();
+ROLLBACK;
