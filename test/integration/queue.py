@@ -1,0 +1,122 @@
+#!/usr/bin/python3
+"""The event queue with real workers: 6 workers drain thousands of grouped
+events with claim_group; every event is completed exactly once and no group
+is held by two workers at overlapping times. LISTEN gets due events.
+"""
+import collections
+import os
+import random
+import select
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from pgconn import connect  # noqa: E402
+from tap import Tap  # noqa: E402
+
+WORKERS = 6
+GROUPS = 300
+EVENTS = 3000
+QUEUE = "it.orders"
+
+
+def worker(name, claims, errors, stop_at):
+    conn = connect()
+    cur = conn.cursor()
+    rng = random.Random(name)
+    idle_since = None
+    try:
+        while time.monotonic() < stop_at:
+            cur.execute("SELECT id, group_key, clock_timestamp() FROM throttle.claim_group(%s, %s, '1 minute')",
+                        (QUEUE, name))
+            rows = cur.fetchall()
+            if not rows:
+                cur.execute("SELECT count(*) FROM throttle.event WHERE queue = %s AND state IN ('pending', 'claimed')",
+                            (QUEUE,))
+                if cur.fetchone()[0] == 0:
+                    return
+                idle_since = idle_since or time.monotonic()
+                time.sleep(0.01)
+                continue
+            idle_since = None
+            ids = [r[0] for r in rows]
+            groups = {r[1] for r in rows}
+            time.sleep(rng.uniform(0, 0.003))  # the work
+            cur.execute("SELECT clock_timestamp(), throttle.complete(%s::bigint[], %s)", (ids, name))
+            ended, completed = cur.fetchone()
+            claims.append((name, groups, ids, rows[0][2], ended, completed))
+    except Exception as e:  # noqa: BLE001 - reported as a test failure
+        errors.append(f"{name}: {e}")
+    finally:
+        conn.close()
+
+
+def main():
+    tap = Tap(8)
+    conn = connect()
+    cur = conn.cursor()
+    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (QUEUE,))
+    # Most events due now; some become due during the run.
+    cur.execute("""
+        SELECT count(throttle.schedule(%s, 'e' || g, now() + CASE WHEN g %% 10 = 0
+                                       THEN random() * interval '2 seconds' ELSE interval '0' END,
+                                       jsonb_build_object('n', g), 'g' || (g %% %s)))
+        FROM generate_series(1, %s) AS g""", (QUEUE, GROUPS, EVENTS))
+    tap.is_(cur.fetchone()[0], EVENTS, f"{EVENTS} events scheduled over {GROUPS} groups")
+
+    claims, errors = [], []
+    stop_at = time.monotonic() + 60
+    threads = [threading.Thread(target=worker, args=(f"w{i}", claims, errors, stop_at)) for i in range(WORKERS)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    took = time.monotonic() - t0
+    tap.is_(errors, [], "no worker failed")
+    cur.execute("SELECT count(*) FILTER (WHERE state = 'done'), count(*) FROM throttle.event WHERE queue = %s",
+                (QUEUE,))
+    done, total = cur.fetchone()
+    tap.ok(done == total == EVENTS, f"all {EVENTS} events done in {took:.1f} s", f"done {done} of {total}")
+    completed_ids = collections.Counter(i for c in claims for i in c[2])
+    tap.ok(len(completed_ids) == EVENTS and max(completed_ids.values()) == 1,
+           "every event was claimed and completed exactly once",
+           f"distinct {len(completed_ids)}, most claims of one event {max(completed_ids.values(), default=0)}")
+    tap.is_(sum(c[5] for c in claims), EVENTS, "complete counted every event once")
+    tap.ok(all(len(c[1]) == 1 for c in claims), "each claim_group call returned one group")
+    by_group = collections.defaultdict(list)
+    for name, groups, _, started, ended, _ in claims:
+        by_group[next(iter(groups))].append((started, ended, name))
+    overlaps = 0
+    for spans in by_group.values():
+        spans.sort()
+        for (s1, e1, w1), (s2, e2, w2) in zip(spans, spans[1:]):
+            if s2 < e1:
+                overlaps += 1
+    tap.is_(overlaps, 0, "no group was held by two workers at overlapping times")
+
+    # LISTEN: a due event notifies the queue's channel with its id.
+    listener = connect()
+    lcur = listener.cursor()
+    lcur.execute('LISTEN "it.mail"')
+    cur.execute("SELECT throttle.schedule('it.mail', 'later', now() + interval '1 hour')")
+    cur.execute("SELECT throttle.schedule('it.mail', 'now', now())")
+    due_id = cur.fetchone()[0]
+    received = []
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not received:
+        if select.select([listener], [], [], 0.5)[0]:
+            listener.poll()
+            received += [(n.channel, n.payload) for n in listener.notifies]
+    time.sleep(0.2)
+    listener.poll()
+    received += [(n.channel, n.payload) for n in listener.notifies if (n.channel, n.payload) not in received]
+    tap.is_(received, [("it.mail", str(due_id))], "LISTEN gets the due event's id, and only that one")
+    listener.close()
+    conn.close()
+    tap.done()
+
+
+if __name__ == "__main__":
+    main()
