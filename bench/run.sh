@@ -3,6 +3,7 @@
 # cluster, with pgbench (prepared protocol). Rounds are interleaved so that
 # drift hits every contender alike; the table reports the median round.
 #   BENCH_SECONDS (5)  BENCH_ROUNDS (3)  BENCH_CLIENTS (8)  BENCH_THREADS (2)
+# Then bench/queue.sh: the event queue against its SQL recipe.
 set -euo pipefail
 source "$(dirname "$0")/../scripts/lib.sh"
 
@@ -56,3 +57,5 @@ grep -v '^#' contenders.txt | while read -r script label; do
     printf '| %s | %.0f | %.2f | %.0f – %.0f |\n' "$label" "$m" "$(echo "$m / $base" | bc -l)" "$lo" "$hi"
 done
 rm -rf "$out"
+
+bash "$ROOT/bench/queue.sh"

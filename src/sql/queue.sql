@@ -46,13 +46,24 @@ COMMENT ON COLUMN throttle.event.attempts IS 'Claims so far; a claim beyond max_
 COMMENT ON COLUMN throttle.event.claim_token IS 'Fence token of the current claim (throttle.lock''s token for group claims).';
 
 -- Every function below finds its rows through one of these, whatever the
--- number of pending, claimed or finished events.
+-- number of pending, claimed or finished events. complete, fail and extend
+-- look events up by id; they test the state as upper(state) so that the
+-- planner cannot pick a partial index on state instead, which under churn
+-- holds many dead entries until vacuum.
 CREATE UNIQUE INDEX event_unfinished_key ON throttle.event (queue, item_key)
     WHERE state IN ('pending', 'claimed');
-CREATE INDEX event_due ON throttle.event (queue, run_at, id) WHERE state = 'pending';
-CREATE INDEX event_leases ON throttle.event (queue, lease_until) WHERE state = 'claimed';
+CREATE INDEX event_due_single ON throttle.event (queue, run_at, id)
+    WHERE state = 'pending' AND group_key IS NULL;
+CREATE INDEX event_due_grouped ON throttle.event (queue, run_at, id)
+    WHERE state = 'pending' AND group_key IS NOT NULL;
+CREATE INDEX event_leases_single ON throttle.event (queue, lease_until, id)
+    WHERE state = 'claimed' AND group_key IS NULL;
+CREATE INDEX event_leases_grouped ON throttle.event (queue, lease_until, id)
+    WHERE state = 'claimed' AND group_key IS NOT NULL;
 CREATE INDEX event_groups ON throttle.event (queue, group_key, run_at)
     WHERE state IN ('pending', 'claimed') AND group_key IS NOT NULL;
+CREATE INDEX event_claimed_groups ON throttle.event (queue, group_key, claim_token)
+    WHERE state = 'claimed' AND group_key IS NOT NULL;
 CREATE INDEX event_finished ON throttle.event (coalesce(completed_at, cancelled_at))
     WHERE state IN ('done', 'dead', 'cancelled');
 
@@ -193,9 +204,12 @@ COMMENT ON FUNCTION throttle._mark_claimed(bigint[], text, interval, bigint, tim
 CREATE FUNCTION throttle._group_held(queue text, group_key text, now timestamptz)
 RETURNS boolean
 LANGUAGE sql STABLE AS $$
+    -- By group (event_claimed_groups), never by lease time: under churn the
+    -- lease index holds many dead entries until vacuum.
     SELECT EXISTS (SELECT 1 FROM throttle.event e
                    WHERE e.queue = _group_held.queue AND e.group_key = _group_held.group_key
-                     AND e.state = 'claimed' AND e.lease_until > now)
+                     AND e.state = 'claimed' AND e.group_key IS NOT NULL
+                     AND (e.lease_until > now) IS TRUE)
 $$;
 COMMENT ON FUNCTION throttle._group_held(text, text, timestamptz) IS
     'Internal: whether a claim whose lease holds covers the group.';
@@ -223,7 +237,7 @@ BEGIN
         SELECT e.id FROM throttle.event e
         WHERE e.queue = claim.queue AND e.state = 'claimed' AND e.lease_until <= now
           AND e.group_key IS NULL
-        ORDER BY e.lease_until LIMIT max FOR UPDATE SKIP LOCKED) AS x;
+        ORDER BY e.lease_until, e.id LIMIT max FOR UPDATE SKIP LOCKED) AS x;
     SELECT array_agg(id) INTO due FROM (
         SELECT e.id FROM throttle.event e
         WHERE e.queue = claim.queue AND e.state = 'pending' AND e.run_at <= now
@@ -259,7 +273,8 @@ BEGIN
     END IF;
     SELECT array_agg(e.id) INTO ids FROM throttle.event e
     WHERE e.queue = _claim_one_group.queue AND e.group_key = _claim_one_group.group_key
-      AND ((e.state = 'pending' AND e.run_at <= now) OR e.state = 'claimed');
+      AND e.group_key IS NOT NULL AND e.state IN ('pending', 'claimed')  -- event_groups
+      AND (e.state = 'claimed' OR e.run_at <= now);
     RETURN QUERY SELECT * FROM throttle._mark_claimed(ids, worker, lease, token, now)
                  ORDER BY run_at, id;
     IF NOT FOUND THEN  -- every due event was out of attempts
@@ -278,37 +293,49 @@ DECLARE
     now timestamptz := throttle.now();
     candidate record;
     tried text[] := '{}';
+    after_at timestamptz;
+    after_id bigint;
+    seen boolean;
 BEGIN
     PERFORM throttle._require(queue, 'queue'), throttle._require(worker, 'worker');
     PERFORM throttle._positive(lease, 'lease');
     -- Groups left behind by a worker whose lease expired, then groups with
-    -- due events, oldest first. A group held by another worker costs one
-    -- shared-memory lookup to skip.
-    FOR candidate IN
-        SELECT e.group_key FROM throttle.event e
-        WHERE e.queue = claim_group.queue AND e.state = 'claimed' AND e.lease_until <= now
-          AND e.group_key IS NOT NULL
-        ORDER BY e.lease_until
-    LOOP
-        CONTINUE WHEN candidate.group_key = ANY (tried);
-        tried := tried || candidate.group_key;
-        RETURN QUERY SELECT * FROM throttle._claim_one_group(queue, candidate.group_key, worker, lease, now);
-        IF FOUND THEN
-            RETURN;
-        END IF;
-    END LOOP;
-    FOR candidate IN
-        SELECT e.group_key FROM throttle.event e
-        WHERE e.queue = claim_group.queue AND e.state = 'pending' AND e.run_at <= now
-          AND e.group_key IS NOT NULL
-        ORDER BY e.run_at, e.id
-    LOOP
-        CONTINUE WHEN candidate.group_key = ANY (tried);
-        tried := tried || candidate.group_key;
-        RETURN QUERY SELECT * FROM throttle._claim_one_group(queue, candidate.group_key, worker, lease, now);
-        IF FOUND THEN
-            RETURN;
-        END IF;
+    -- due events, oldest first, read in batches along an index (keyset), so a
+    -- call reads only as far as the first free group. A group held by
+    -- another worker costs one shared-memory lookup to skip.
+    FOR pass IN 1 .. 2 LOOP
+        after_at := '-infinity';
+        after_id := 0;
+        LOOP
+            seen := false;
+            FOR candidate IN
+                SELECT e.group_key, e.at, e.id FROM (
+                    SELECT e.group_key, e.lease_until AS at, e.id FROM throttle.event e
+                    WHERE pass = 1 AND e.queue = claim_group.queue AND e.state = 'claimed'
+                      AND e.group_key IS NOT NULL AND e.lease_until <= now
+                      AND (e.lease_until, e.id) > (after_at, after_id)
+                    ORDER BY e.lease_until, e.id LIMIT 64) AS e
+                UNION ALL
+                SELECT e.group_key, e.at, e.id FROM (
+                    SELECT e.group_key, e.run_at AS at, e.id FROM throttle.event e
+                    WHERE pass = 2 AND e.queue = claim_group.queue AND e.state = 'pending'
+                      AND e.group_key IS NOT NULL AND e.run_at <= now
+                      AND (e.run_at, e.id) > (after_at, after_id)
+                    ORDER BY e.run_at, e.id LIMIT 64) AS e
+            LOOP
+                seen := true;
+                after_at := candidate.at;
+                after_id := candidate.id;
+                CONTINUE WHEN candidate.group_key = ANY (tried);
+                tried := tried || candidate.group_key;
+                RETURN QUERY SELECT * FROM throttle._claim_one_group(queue, candidate.group_key, worker,
+                                                                    lease, now);
+                IF FOUND THEN
+                    RETURN;
+                END IF;
+            END LOOP;
+            EXIT WHEN NOT seen;
+        END LOOP;
     END LOOP;
 END
 $$;
@@ -328,7 +355,8 @@ BEGIN
     LOOP
         IF NOT EXISTS (SELECT 1 FROM throttle.event e
                        WHERE e.queue = g.queue AND e.group_key = g.group_key
-                         AND e.state = 'claimed' AND e.claim_token = g.claim_token) THEN
+                         AND e.state = 'claimed' AND e.group_key IS NOT NULL
+                         AND e.claim_token = g.claim_token) THEN
             PERFORM throttle.unlock(throttle._group_lock(g.queue, g.group_key), g.claim_token);
         END IF;
     END LOOP;
@@ -348,7 +376,7 @@ BEGIN
     WITH done AS (
         UPDATE throttle.event e SET state = 'done', completed_at = throttle.now(),
                completed_by = worker, lease_until = NULL
-        WHERE e.id = ANY (ids) AND e.state = 'claimed' AND e.claimed_by = worker
+        WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claimed_by = worker
         RETURNING e.*)
     SELECT array_agg(d) INTO finished FROM done d;
     PERFORM throttle._release_groups(finished);
@@ -379,7 +407,7 @@ BEGIN
                           ELSE now + coalesce(retry_in,
                                least(interval '1 hour', interval '10 seconds' * 2 ^ (e.attempts - 1)))
                      END
-        WHERE e.id = ANY (ids) AND e.state = 'claimed' AND e.claimed_by = worker
+        WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claimed_by = worker
         RETURNING e.*)
     SELECT array_agg(f) INTO finished FROM failed f;
     PERFORM throttle._release_groups(finished);
@@ -401,10 +429,10 @@ BEGIN
     PERFORM throttle._require(ids, 'ids'), throttle._require(worker, 'worker');
     PERFORM throttle._positive(lease, 'lease');
     UPDATE throttle.event e SET lease_until = now + lease
-    WHERE e.id = ANY (ids) AND e.state = 'claimed' AND e.claimed_by = worker;
+    WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claimed_by = worker;
     GET DIAGNOSTICS extended = ROW_COUNT;
     FOR g IN SELECT DISTINCT e.queue, e.group_key, e.claim_token FROM throttle.event e
-             WHERE e.id = ANY (ids) AND e.state = 'claimed' AND e.claimed_by = worker
+             WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claimed_by = worker
                AND e.group_key IS NOT NULL
     LOOP
         PERFORM throttle.renew(throttle._group_lock(g.queue, g.group_key), g.claim_token, lease);

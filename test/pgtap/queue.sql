@@ -1,6 +1,6 @@
 -- The event queue: signatures, error codes, privileges, index use.
 BEGIN;
-SELECT plan(22);
+SELECT plan(23);
 SET LOCAL pg_throttle.test_clock = '2038-01-01 00:00:00+00';
 
 SELECT has_table('throttle', 'event', 'catalog table throttle.event');
@@ -46,8 +46,13 @@ BEGIN
 END
 $$;
 SELECT alike(pg_temp.plan_of($$SELECT id FROM throttle.event WHERE queue = 'tap.big' AND state = 'pending'
-                                AND run_at <= now() ORDER BY run_at, id LIMIT 10 FOR UPDATE SKIP LOCKED$$),
-    '%Index Scan using event_due%', 'the due scan of claim uses the event_due index');
+                                AND group_key IS NULL AND run_at <= now()
+                                ORDER BY run_at, id LIMIT 10 FOR UPDATE SKIP LOCKED$$),
+    '%Index Scan using event_due_single%', 'claim''s due scan reads only ungrouped events, by index');
+SELECT alike(pg_temp.plan_of($$SELECT group_key FROM throttle.event WHERE queue = 'tap.big' AND state = 'pending'
+                                AND group_key IS NOT NULL AND run_at <= now()
+                                AND (run_at, id) > ('-infinity', 0) ORDER BY run_at, id LIMIT 64$$),
+    '%Index Scan using event_due_grouped%', 'claim_group''s due scan reads grouped events, by index');
 SELECT is((SELECT count(*)::int FROM throttle.claim('tap.big', 'w', '1 minute', 5)), 0,
     'claim leaves grouped events alone');
 SELECT is((SELECT count(*)::int FROM throttle.claim_group('tap.big', 'w', '1 minute')), 20,
