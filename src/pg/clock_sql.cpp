@@ -8,7 +8,7 @@
 namespace pg_throttle::pg {
 namespace {
 
-Datum now(FunctionCallInfo fcinfo) {
+Datum now(FunctionCallInfo /*fcinfo*/) {
     registry_require();
     PG_RETURN_TIMESTAMPTZ(clock_now());
 }
