@@ -3,6 +3,7 @@
 # environment (pg_virtualenv sets it). One profile per server configuration:
 #   main           pg_throttle preloaded, default settings: pg_regress, pgTAP, real clients
 #   small-registry pg_throttle preloaded, pg_throttle.max_entries = 100
+#   restart        pg_throttle preloaded, on a cluster the suite restarts itself
 #   not-preloaded  pg_throttle installed but not in shared_preload_libraries
 # Each suite's counts are appended to $PG_THROTTLE_RESULTS as "suite passed failed".
 set -uo pipefail
@@ -10,7 +11,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$ROOT/test/results.sh"
 cd "$ROOT"
 
-profile=${1:?profile: main, small-registry or not-preloaded}
+profile=${1:?profile: main, small-registry, restart or not-preloaded}
 status=0
 case "$profile" in
 main)
@@ -26,6 +27,9 @@ main)
     ;;
 small-registry)
     run_suite registry-full prove prove --verbose test/integration/registry_full.py || status=1
+    ;;
+restart)
+    run_suite restart prove prove --verbose test/integration/restart.py || status=1
     ;;
 not-preloaded)
     run_suite not-preloaded prove prove --verbose test/integration/not_preloaded.py || status=1

@@ -30,3 +30,18 @@ int64 fence_next() {
 }
 
 }  // namespace pg_throttle::pg
+
+namespace pg_throttle::pg {
+
+int64 fence_last() {
+    return __atomic_load_n(&fence->last_token, __ATOMIC_RELAXED);
+}
+
+void fence_raise_to(int64 token) {
+    int64 seen = fence_last();
+    while (seen < token && !__atomic_compare_exchange_n(&fence->last_token, &seen, token, true,
+                                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+}
+
+}  // namespace pg_throttle::pg

@@ -18,4 +18,9 @@ void fence_attach_shmem();
 // The next token: strictly greater than every token returned before.
 int64 fence_next();
 
+// The last token handed out, and raising the counter to at least `token`
+// (after a restart, from the saved state).
+int64 fence_last();
+void fence_raise_to(int64 token);
+
 }  // namespace pg_throttle::pg

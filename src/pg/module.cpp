@@ -2,6 +2,7 @@
 #include "pg/clock.hpp"
 #include "pg/fence.hpp"
 #include "pg/lock_waiters.hpp"
+#include "pg/persistence.hpp"
 #include "pg/pg_headers.hpp"
 #include "pg/registry.hpp"
 
@@ -33,6 +34,7 @@ void on_shmem_startup() {
     pg_throttle::pg::fence_attach_shmem();
     pg_throttle::pg::waiters_attach_shmem();
     LWLockRelease(AddinShmemInitLock);
+    pg_throttle::pg::persistence_startup();
 }
 
 }  // namespace

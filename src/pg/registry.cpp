@@ -251,6 +251,27 @@ void registry_for_each_exclusive(void (*visit)(RegistryEntry* entry, void* ctx),
     unlock_all_partitions();
 }
 
+void registry_visit_all(core::Micros /*now*/, void (*visit)(const RegistryEntry& entry, void* ctx),
+                        void* ctx) {
+    HASH_SEQ_STATUS scan;
+    hash_seq_init(&scan, registry);
+    while (const auto* entry = static_cast<const RegistryEntry*>(hash_seq_search(&scan))) {
+        visit(*entry, ctx);
+    }
+}
+
+bool registry_restore(const RegistryEntry& saved) {
+    bool found = false;
+    auto* entry =
+        static_cast<RegistryEntry*>(hash_search(registry, &saved.key, HASH_ENTER_NULL, &found));
+    if (entry == nullptr) {
+        return false;
+    }
+    *entry = saved;
+    lower_reclaim_not_before(entry->expires_at);
+    return true;
+}
+
 LWLock* registry_waiters_lock() {
     return &partition_locks[kWaitersLock].lock;
 }

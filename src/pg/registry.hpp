@@ -98,6 +98,13 @@ LWLock* registry_waiters_lock();
 // The partition lock of `key` (for code that keeps state beside the entry).
 LWLock* registry_partition_lock(const RegistryKey& key);
 
+// For startup and shutdown, when the postmaster is alone: every entry of
+// every database (no locks), and putting a saved entry back. registry_restore
+// returns false when the registry has no room for it.
+void registry_visit_all(core::Micros now, void (*visit)(const RegistryEntry& entry, void* ctx),
+                        void* ctx);
+bool registry_restore(const RegistryEntry& saved);
+
 // Raises SQLSTATE 53200 with a hint naming pg_throttle.max_entries.
 [[noreturn]] void registry_raise_full();
 
