@@ -272,6 +272,12 @@ bool registry_restore(const RegistryEntry& saved) {
     return true;
 }
 
+bool registry_remove(const RegistryKey& key) {
+    const uint32 hash = get_hash_value(registry, &key);
+    PartitionLock exclusive(partition_lock(hash), LW_EXCLUSIVE);
+    return hash_search_with_hash_value(registry, &key, hash, HASH_REMOVE, nullptr) != nullptr;
+}
+
 LWLock* registry_waiters_lock() {
     return &partition_locks[kWaitersLock].lock;
 }

@@ -105,6 +105,9 @@ void registry_visit_all(core::Micros now, void (*visit)(const RegistryEntry& ent
                         void* ctx);
 bool registry_restore(const RegistryEntry& saved);
 
+// Drops the entry of `key` if there is one; returns whether there was.
+bool registry_remove(const RegistryKey& key);
+
 // Raises SQLSTATE 53200 with a hint naming pg_throttle.max_entries.
 [[noreturn]] void registry_raise_full();
 

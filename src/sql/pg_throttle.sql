@@ -122,6 +122,17 @@ COMMENT ON FUNCTION throttle.renew(text, bigint, interval) IS
     'Extends a lease held with token to expire ttl from now; false if the token is no longer current.';
 
 --
+-- Operator controls.
+--
+CREATE FUNCTION throttle.reset(name text, kind text DEFAULT NULL)
+RETURNS integer
+AS 'MODULE_PATHNAME', 'pg_throttle_reset'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle.reset(text, text) IS
+    'Clears the registry entries named name in this database (kind resource, bucket or lock; NULL: all three) and returns how many; a cleared resource or lock can be granted at once, a cleared bucket is full. For operators after an incident: not granted to PUBLIC.';
+REVOKE EXECUTE ON FUNCTION throttle.reset(text, text) FROM PUBLIC;
+
+--
 -- Operator view of the shared-memory registry.
 --
 CREATE FUNCTION throttle.registry_entries(

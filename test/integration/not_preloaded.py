@@ -18,6 +18,8 @@ CALLS = [
     "SELECT throttle.unlock('np.lock', 1)",
     "SELECT throttle.renew('np.lock', 1, '1 second')",
     "SELECT * FROM throttle.locks",
+    "SELECT throttle.reset('np.lock')",
+    "SELECT throttle.now()",
 ]
 
 

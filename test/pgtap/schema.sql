@@ -1,6 +1,6 @@
 -- The installed SQL surface: objects, signatures, properties, documentation.
 BEGIN;
-SELECT plan(26);
+SELECT plan(28);
 
 SELECT has_schema('throttle');
 SELECT has_table('throttle', 'resource', 'catalog table throttle.resource');
@@ -18,6 +18,9 @@ SELECT has_function('throttle', 'acquire', ARRAY['text', 'interval', 'text']);
 SELECT has_function('throttle', 'lock', ARRAY['text', 'interval', 'interval', 'text']);
 SELECT function_returns('throttle', 'lock', ARRAY['text', 'interval', 'interval', 'text'], 'bigint');
 SELECT has_function('throttle', 'unlock', ARRAY['text', 'bigint']);
+SELECT has_function('throttle', 'reset', ARRAY['text', 'text']);
+SELECT ok(NOT has_function_privilege('public', 'throttle.reset(text, text)', 'EXECUTE'),
+    'only privileged roles may reset entries');
 SELECT has_function('throttle', 'renew', ARRAY['text', 'bigint', 'interval']);
 SELECT columns_are('throttle', 'locks',
     ARRAY['name', 'holder', 'holder_pid', 'granted_at', 'expires_at', 'session', 'token', 'waiters'],

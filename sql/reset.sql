@@ -1,0 +1,30 @@
+-- throttle.reset: an operator clears entries after an incident.
+SET pg_throttle.test_clock = '2032-03-01 00:00:00+00';
+SELECT throttle.acquire('rst.job', '1 day') AS granted, throttle.acquire('rst.job', '1 day') AS denied;
+SELECT throttle.reset('rst.job') AS cleared;
+SELECT throttle.acquire('rst.job', '1 day') AS granted_again;
+
+-- One kind only: the bucket of the same name, not the resource.
+SELECT allowed FROM throttle.take('rst.job', 1, '1 hour', 1);
+SELECT allowed FROM throttle.take('rst.job', 1, '1 hour', 1);
+SELECT throttle.reset('rst.job', 'bucket') AS cleared_bucket;
+SELECT allowed, remaining FROM throttle.take('rst.job', 1, '1 hour', 1, 0) AS bucket_full_again;
+SELECT throttle.acquire('rst.job', '1 day') AS resource_still_taken;
+
+-- A held lock can be taken again, with a greater token.
+SELECT throttle.lock('rst.lock', '1 hour') AS t1 \gset
+SELECT throttle.reset('rst.lock', 'lock') AS cleared_lock;
+SELECT throttle.lock('rst.lock', '1 hour') > :t1 AS retaken_with_greater_token;
+SELECT throttle.unlock('rst.lock', :t1) AS old_token_is_stale;
+
+SELECT throttle.reset('rst.nothing') AS nothing_to_clear;
+SELECT throttle.reset('rst.job', 'queue');
+SELECT throttle.reset(NULL);
+
+-- Not for everyone.
+CREATE ROLE throttle_reset_user;
+SET ROLE throttle_reset_user;
+SELECT throttle.reset('rst.job');
+RESET ROLE;
+DROP ROLE throttle_reset_user;
+RESET pg_throttle.test_clock;
