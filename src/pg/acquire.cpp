@@ -36,9 +36,16 @@ bool acquire_decide_shared(RegistryEntry* entry, void* ctx) {
 
 void acquire_apply_exclusive(RegistryEntry* entry, bool created, void* ctx) {
     auto* call = static_cast<AcquireCall*>(ctx);
-    const core::IntervalWindow current = window_of(*entry);
-    const core::IntervalDecision decision =
-        core::decide_interval(created ? nullptr : &current, call->now, call->every);
+    core::IntervalWindow current = window_of(*entry);
+    const core::IntervalWindow* known = created ? nullptr : &current;
+    if (created) {
+        // After a crash, an absent resource counts as granted at the restart.
+        if (const auto restart = registry_unknown_since()) {
+            current = core::IntervalWindow{*restart, core::saturating_add(*restart, call->every)};
+            known = &current;
+        }
+    }
+    const core::IntervalDecision decision = core::decide_interval(known, call->now, call->every);
     call->granted = decision.granted;
     if (!decision.granted) {
         __atomic_fetch_add(&entry->denials, 1, __ATOMIC_RELAXED);

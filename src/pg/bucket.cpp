@@ -62,6 +62,9 @@ core::GcraDecision decide(const ReserveCall& call, const RegistryEntry* entry) {
     std::optional<core::Micros> tat;
     if (entry != nullptr) {
         tat = entry->expires_at;
+    } else if (const auto restart = registry_unknown_since()) {
+        // After a crash, an absent bucket counts as emptied at the restart.
+        tat = core::saturating_add(*restart, call.request->shape.tolerance);
     }
     return core::gcra_reserve(tat, call.now, call.request->shape, call.request->cost,
                               call.max_wait);

@@ -94,12 +94,30 @@ bool lock_decide_shared(RegistryEntry* entry, void* ctx) {
     return true;
 }
 
+// After a crash, an absent lock counts as leased until the restart plus
+// pg_throttle.max_lease, by a holder nobody knows (token -1: no fence token
+// is negative, so nobody can unlock or renew it).
+constexpr int64 kUnknownHolderToken = -1;
+
+void hold_for_unknown_holder(RegistryEntry* entry, core::Micros restart) {
+    entry->of.lock.token = kUnknownHolderToken;
+    entry->of.lock.session = false;
+    entry->granted_at = restart;
+    entry->expires_at = core::saturating_add(restart, registry_max_lease());
+    entry->holder_pid = 0;
+    strlcpy(entry->holder, "[unknown: granted before a crash]", sizeof entry->holder);
+}
+
 void lock_apply_exclusive(RegistryEntry* entry, bool created, void* ctx) {
     auto* call = static_cast<LockCall*>(ctx);
-    if (!created) {
+    if (created) {
+        if (const auto restart = registry_unknown_since()) {
+            hold_for_unknown_holder(entry, *restart);
+        }
+    } else {
         hand_over_if_lapsed(entry, call->now);
     }
-    if (created || !held(*entry, call->now)) {
+    if (!held(*entry, call->now)) {  // a fresh entry has token 0: free
         call->token = fence_next();
         grant(entry, call->now, call->token, call->ttl, MyProcPid, call->holder->text);
         return;
@@ -248,11 +266,26 @@ core::Micros non_negative_interval(const Interval* interval, const char* what) {
     return *micros;
 }
 
+// A lease's ttl: positive and at most pg_throttle.max_lease (22023).
+int64 lease_ttl(const Interval* interval) {
+    const int64 ttl = positive_interval(interval, "ttl");
+    if (ttl > registry_max_lease()) {
+        ereport(
+            ERROR,
+            (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("ttl exceeds pg_throttle.max_lease"),
+             errdetail("ttl is %lld seconds; pg_throttle.max_lease is %lld seconds.",
+                       static_cast<long long>(ttl / core::kUsPerSecond),
+                       static_cast<long long>(registry_max_lease() / core::kUsPerSecond)),
+             errhint("Take a shorter lease and renew it, or raise pg_throttle.max_lease.")));
+    }
+    return ttl;
+}
+
 Datum lock(FunctionCallInfo fcinfo) {
     registry_require();
     RegistryKey key;
     lock_key(fcinfo, &key);
-    const int64 ttl = PG_ARGISNULL(1) ? 0 : positive_interval(PG_GETARG_INTERVAL_P(1), "ttl");
+    const int64 ttl = PG_ARGISNULL(1) ? 0 : lease_ttl(PG_GETARG_INTERVAL_P(1));
     const core::Micros wait_us =
         PG_ARGISNULL(2) ? core::kNever : non_negative_interval(PG_GETARG_INTERVAL_P(2), "wait");
     const Holder holder = holder_from_argument(fcinfo, 3);
@@ -282,7 +315,7 @@ struct TokenCall {
 
 void unlock_update(RegistryEntry* entry, void* ctx) {
     auto* call = static_cast<TokenCall*>(ctx);
-    if (held(*entry, call->now) && entry->of.lock.token == call->token) {
+    if (call->token > 0 && held(*entry, call->now) && entry->of.lock.token == call->token) {
         hand_over(entry, call->now);
         call->done = true;
     }
@@ -290,7 +323,7 @@ void unlock_update(RegistryEntry* entry, void* ctx) {
 
 void renew_update(RegistryEntry* entry, void* ctx) {
     auto* call = static_cast<TokenCall*>(ctx);
-    if (!held(*entry, call->now) || entry->of.lock.token != call->token) {
+    if (call->token <= 0 || !held(*entry, call->now) || entry->of.lock.token != call->token) {
         return;
     }
     if (entry->of.lock.session) {
@@ -317,8 +350,8 @@ Datum renew(FunctionCallInfo fcinfo) {
     lock_key(fcinfo, &key);
     require_not_null(fcinfo, 1, "token");
     require_not_null(fcinfo, 2, "ttl");
-    TokenCall call{clock_now(), PG_GETARG_INT64(1),
-                   positive_interval(PG_GETARG_INTERVAL_P(2), "ttl"), false, false};
+    TokenCall call{clock_now(), PG_GETARG_INT64(1), lease_ttl(PG_GETARG_INTERVAL_P(2)), false,
+                   false};
     registry_update_existing(key, renew_update, &call);
     if (call.is_session_lock) {
         ereport(ERROR,

@@ -15,6 +15,10 @@ namespace {
 
 constexpr const char* kStateFile = "pg_throttle.state";
 constexpr const char* kStateTemp = "pg_throttle.state.tmp";
+// Exists while the server runs; a clean shutdown removes it after writing
+// the state. Found at startup (or at a reinitialisation after a backend
+// crash), it means the registry was lost.
+constexpr const char* kRunningMarker = "pg_throttle.running";
 constexpr uint32 kMagic = 0x50475448;  // "PGTH"
 constexpr uint32 kFormatVersion = 1;
 
@@ -100,7 +104,9 @@ void dump_at_shutdown(int code, Datum /*arg*/) {
         unlink(kStateTemp);
         return;
     }
-    (void)durable_rename(kStateTemp, kStateFile, LOG);
+    if (durable_rename(kStateTemp, kStateFile, LOG) == 0) {
+        (void)durable_unlink(kRunningMarker, LOG);
+    }
 }
 
 void warn_damaged(const char* why) {
@@ -109,14 +115,16 @@ void warn_damaged(const char* why) {
 }
 
 // Reads the file into the empty registry. Only the postmaster runs now.
-void load_state() {
+// Returns false when a state file was there but could not be used.
+bool load_state() {
     FILE* file = AllocateFile(kStateFile, PG_BINARY_R);
     if (file == nullptr) {
         if (errno != ENOENT) {
             ereport(LOG, (errcode_for_file_access(),
                           errmsg("could not read pg_throttle state file \"%s\": %m", kStateFile)));
+            return false;
         }
-        return;
+        return true;
     }
     pg_crc32c crc = 0;
     INIT_CRC32C(crc);
@@ -171,7 +179,7 @@ void load_state() {
     unlink(kStateFile);
     if (problem != nullptr) {
         warn_damaged(problem);
-        return;
+        return false;
     }
     fence_raise_to(header.last_token);
     ereport(LOG,
@@ -179,6 +187,23 @@ void load_state() {
              dropped > 0 ? errdetail("%lld entries did not fit in pg_throttle.max_entries.",
                                      static_cast<long long>(dropped))
                          : 0));
+    return true;
+}
+
+bool marker_exists() {
+    return access(kRunningMarker, F_OK) == 0;
+}
+
+void create_marker() {
+    const int fd = OpenTransientFile(kRunningMarker, O_CREAT | O_WRONLY | PG_BINARY);
+    if (fd < 0) {
+        ereport(LOG,
+                (errcode_for_file_access(), errmsg("could not create \"%s\": %m", kRunningMarker)));
+        return;
+    }
+    (void)pg_fsync(fd);
+    (void)CloseTransientFile(fd);
+    fsync_fname(".", true);
 }
 
 }  // namespace
@@ -187,7 +212,16 @@ void persistence_startup() {
     if (IsUnderPostmaster) {
         return;  // a backend attaching (EXEC_BACKEND): nothing to load or dump
     }
-    load_state();
+    const bool crashed = marker_exists();
+    const bool restored = load_state();
+    if (crashed || !restored) {
+        registry_mark_unknown_since(GetCurrentTimestamp());
+        ereport(LOG, (errmsg("pg_throttle lost its registry: entries not known since now count "
+                             "as granted now"),
+                      errdetail("Resources stay taken for their interval, buckets start empty and "
+                                "locks stay held for pg_throttle.max_lease.")));
+    }
+    create_marker();
     on_shmem_exit(dump_at_shutdown, 0);
 }
 

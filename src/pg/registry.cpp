@@ -8,6 +8,7 @@ constexpr int kWaitersLock = kPartitions;  // after the partition locks in the t
 constexpr const char* kTrancheName = "pg_throttle";
 
 int max_entries = 100000;
+int max_lease_seconds = 3600;
 HTAB* registry = nullptr;
 LWLockPadded* partition_locks = nullptr;
 
@@ -19,6 +20,10 @@ struct RegistryShared {
     // to the earliest expiry that survived it. Keeps a full registry from
     // rescanning every entry on every call.
     core::Micros reclaim_not_before;
+    // After a crash: the restart time R; what was granted before it is
+    // unknown, so an absent entry counts as granted at R (registry.hpp).
+    // kNoCrash when the registry is complete.
+    core::Micros unknown_since;
 };
 static_assert(std::is_trivially_copyable_v<RegistryShared>);
 RegistryShared* shared_state = nullptr;
@@ -150,6 +155,12 @@ void registry_define_gucs() {
         "pg_throttle.max_entries", "Most entries the shared-memory registry holds.",
         "Each resource, bucket or lock in force takes one entry. Set at server start.",
         &max_entries, 100000, 100, 50000000, PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
+    DefineCustomIntVariable(
+        "pg_throttle.max_lease", "Longest ttl a lease may have.",
+        "After a crash, a lock not known since the restart counts as leased until the restart "
+        "plus this: a lease given before the crash cannot be handed to a second holder.",
+        &max_lease_seconds, 3600, 1, INT_MAX, PGC_POSTMASTER, GUC_UNIT_S, nullptr, nullptr,
+        nullptr);
 }
 
 void registry_request_shmem() {
@@ -172,6 +183,7 @@ void registry_attach_shmem() {
         ShmemInitStruct("pg_throttle registry state", sizeof(RegistryShared), &found));
     if (!found) {
         shared_state->reclaim_not_before = core::kNever;
+        shared_state->unknown_since = kNoCrash;
     }
     registry =
         ShmemInitHash("pg_throttle registry", max_entries, max_entries, &info,
@@ -276,6 +288,22 @@ bool registry_remove(const RegistryKey& key) {
     const uint32 hash = get_hash_value(registry, &key);
     PartitionLock exclusive(partition_lock(hash), LW_EXCLUSIVE);
     return hash_search_with_hash_value(registry, &key, hash, HASH_REMOVE, nullptr) != nullptr;
+}
+
+void registry_mark_unknown_since(core::Micros restart) {
+    shared_state->unknown_since = restart;
+}
+
+std::optional<core::Micros> registry_unknown_since() {
+    const core::Micros since = shared_state->unknown_since;
+    if (since == kNoCrash) {
+        return std::nullopt;
+    }
+    return since;
+}
+
+core::Micros registry_max_lease() {
+    return max_lease_seconds * core::kUsPerSecond;
 }
 
 LWLock* registry_waiters_lock() {

@@ -7,6 +7,9 @@
 
 #include "core/names.hpp"
 #include "core/time_math.hpp"
+
+#include <limits>
+#include <optional>
 #include "pg/pg_headers.hpp"
 
 namespace pg_throttle::pg {
@@ -104,6 +107,16 @@ LWLock* registry_partition_lock(const RegistryKey& key);
 void registry_visit_all(core::Micros now, void (*visit)(const RegistryEntry& entry, void* ctx),
                         void* ctx);
 bool registry_restore(const RegistryEntry& saved);
+
+// After a crash the registry does not know what was granted before the
+// restart R. Each kind then treats an absent entry conservatively, as if it
+// had been granted at R: a resource until R + every, a bucket as emptied at
+// R, a lock as leased until R + pg_throttle.max_lease. Empty when the
+// registry is complete (first start, or restored from a clean shutdown).
+inline constexpr core::Micros kNoCrash = std::numeric_limits<core::Micros>::min();
+void registry_mark_unknown_since(core::Micros restart);
+std::optional<core::Micros> registry_unknown_since();
+core::Micros registry_max_lease();
 
 // Drops the entry of `key` if there is one; returns whether there was.
 bool registry_remove(const RegistryKey& key);
