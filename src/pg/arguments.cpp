@@ -22,6 +22,23 @@ core::Micros positive_interval(const Interval* interval, const char* what) {
     return *micros;
 }
 
+core::Micros optional_wait(FunctionCallInfo fcinfo, int n, const char* what) {
+    if (PG_ARGISNULL(n)) {
+        return core::kNever;
+    }
+    const Interval* interval = PG_GETARG_INTERVAL_P(n);
+    const auto micros = core::interval_to_micros(interval->month, interval->day, interval->time);
+    if (!micros.has_value()) {
+        ereport(ERROR,
+                (errcode(ERRCODE_DATETIME_FIELD_OVERFLOW), errmsg("%s is out of range", what)));
+    }
+    if (*micros < 0) {
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("%s must not be negative", what)));
+    }
+    return *micros;
+}
+
 void clip_text(const text* value, size_t limit, char* out) {
     const char* data = VARDATA_ANY(value);
     const int len = static_cast<int>(VARSIZE_ANY_EXHDR(value));

@@ -14,6 +14,10 @@ void require_not_null(FunctionCallInfo fcinfo, int n, const char* what);
 // raises 22023 naming `what` when it is zero or negative, 22008 when too large.
 core::Micros positive_interval(const Interval* interval, const char* what);
 
+// How long a caller may wait: argument `n` as microseconds, kNever when it is
+// NULL (no limit); raises 22023 naming `what` when negative, 22008 when too large.
+core::Micros optional_wait(FunctionCallInfo fcinfo, int n, const char* what);
+
 // The text `value` clipped to at most `limit` bytes on a character boundary,
 // copied NUL-terminated into `out` (which has room for limit + 1 bytes).
 void clip_text(const text* value, size_t limit, char* out);

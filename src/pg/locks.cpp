@@ -253,19 +253,6 @@ void lock_key(FunctionCallInfo fcinfo, RegistryKey* key) {
     registry_make_key(EntryKind::kLock, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name), "lock", key);
 }
 
-core::Micros non_negative_interval(const Interval* interval, const char* what) {
-    const auto micros = core::interval_to_micros(interval->month, interval->day, interval->time);
-    if (!micros.has_value()) {
-        ereport(ERROR,
-                (errcode(ERRCODE_DATETIME_FIELD_OVERFLOW), errmsg("%s is out of range", what)));
-    }
-    if (*micros < 0) {
-        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                        errmsg("%s must not be negative", what)));
-    }
-    return *micros;
-}
-
 // A lease's ttl: positive and at most pg_throttle.max_lease (22023).
 int64 lease_ttl(const Interval* interval) {
     const int64 ttl = positive_interval(interval, "ttl");
@@ -286,8 +273,7 @@ Datum lock(FunctionCallInfo fcinfo) {
     RegistryKey key;
     lock_key(fcinfo, &key);
     const int64 ttl = PG_ARGISNULL(1) ? 0 : lease_ttl(PG_GETARG_INTERVAL_P(1));
-    const core::Micros wait_us =
-        PG_ARGISNULL(2) ? core::kNever : non_negative_interval(PG_GETARG_INTERVAL_P(2), "wait");
+    const core::Micros wait_us = optional_wait(fcinfo, 2, "wait");
     const Holder holder = holder_from_argument(fcinfo, 3);
 
     register_exit_callback();

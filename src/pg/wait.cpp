@@ -6,6 +6,7 @@
 // A wait that is cancelled (statement_timeout, pg_cancel_backend) gives its
 // reservation back when no later waiter has queued behind it.
 #include "pg/bucket.hpp"
+#include "pg/arguments.hpp"
 #include "pg/clock.hpp"
 
 #include "pg/boundary.hpp"
@@ -44,28 +45,11 @@ void sleep_or_give_back(const BucketRequest& request, core::Micros reserved_tat,
     PG_END_TRY();
 }
 
-core::Micros timeout_argument(FunctionCallInfo fcinfo, int n) {
-    if (PG_ARGISNULL(n)) {
-        return core::kNever;
-    }
-    const Interval* timeout = PG_GETARG_INTERVAL_P(n);
-    const auto micros = core::interval_to_micros(timeout->month, timeout->day, timeout->time);
-    if (!micros.has_value()) {
-        ereport(ERROR,
-                (errcode(ERRCODE_DATETIME_FIELD_OVERFLOW), errmsg("timeout is out of range")));
-    }
-    if (*micros < 0) {
-        ereport(ERROR,
-                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("timeout must not be negative")));
-    }
-    return *micros;
-}
-
 Datum wait(FunctionCallInfo fcinfo) {
     registry_require();
     BucketRequest request;
     bucket_request_from_arguments(fcinfo, &request);
-    const core::Micros max_wait = timeout_argument(fcinfo, 5);
+    const core::Micros max_wait = optional_wait(fcinfo, 5, "timeout");
     const core::GcraDecision decision = bucket_reserve(request, clock_now(), max_wait);
     if (!decision.allowed) {
         PG_RETURN_BOOL(false);  // the wait would exceed the timeout: nothing reserved
