@@ -7,8 +7,9 @@
 namespace pg_throttle::pg {
 namespace {
 
-void fill_request(const text* key, int32 rate, const Interval* per, bool burst_is_null, int32 burst,
-                  int32 cost, BucketRequest* request) {
+// Checks the shape and cost and fills them in; the caller sets the key.
+void fill_shape(int32 rate, const Interval* per, bool burst_is_null, int32 burst, int32 cost,
+                BucketRequest* request) {
     if (rate <= 0) {
         ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("rate must be positive"),
                         errdetail("rate is %d.", rate)));
@@ -42,13 +43,16 @@ void fill_request(const text* key, int32 rate, const Interval* per, bool burst_i
         ereport(ERROR, (errcode(ERRCODE_DATETIME_FIELD_OVERFLOW),
                         errmsg("burst times per / rate is out of range")));
     }
-    registry_make_key(EntryKind::kBucket, VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key), "bucket",
-                      &request->key);
     request->shape = shape.shape;
     request->per = per_us;
     request->rate = rate;
     request->burst = burst;
     request->cost = cost;
+}
+
+void bucket_key(const text* key, BucketRequest* request) {
+    registry_make_key(EntryKind::kBucket, VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key), "bucket",
+                      &request->key);
 }
 
 struct ReserveCall {
@@ -128,20 +132,19 @@ void bucket_request_from_arguments(FunctionCallInfo fcinfo, BucketRequest* reque
     require_not_null(fcinfo, 1, "rate");
     require_not_null(fcinfo, 2, "per");
     require_not_null(fcinfo, 4, "cost");
-    fill_request(PG_GETARG_TEXT_PP(0), PG_GETARG_INT32(1), PG_GETARG_INTERVAL_P(2), PG_ARGISNULL(3),
-                 PG_ARGISNULL(3) ? 0 : PG_GETARG_INT32(3), PG_GETARG_INT32(4), request);
+    fill_shape(PG_GETARG_INT32(1), PG_GETARG_INTERVAL_P(2), PG_ARGISNULL(3),
+               PG_ARGISNULL(3) ? 0 : PG_GETARG_INT32(3), PG_GETARG_INT32(4), request);
+    bucket_key(PG_GETARG_TEXT_PP(0), request);
 }
 
 void bucket_request_from_declaration(FunctionCallInfo fcinfo, BucketRequest* request) {
     require_not_null(fcinfo, 0, "key");
     require_not_null(fcinfo, 1, "cost");
     const text* key = PG_GETARG_TEXT_PP(0);
-    // Validate the name before looking it up, for the same errors as elsewhere.
-    registry_make_key(EntryKind::kBucket, VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key), "bucket",
-                      &request->key);
+    bucket_key(key, request);  // checks the name before looking it up
     const DeclaredBucket declared = declared_bucket(key);
-    fill_request(key, declared.rate, &declared.per, declared.burst_is_null, declared.burst,
-                 PG_GETARG_INT32(1), request);
+    fill_shape(declared.rate, &declared.per, declared.burst_is_null, declared.burst,
+               PG_GETARG_INT32(1), request);
 }
 
 core::GcraDecision bucket_reserve(const BucketRequest& request, core::Micros now,

@@ -79,7 +79,7 @@ void dump_at_shutdown(int code, Datum /*arg*/) {
         return;
     }
     DumpState state{nullptr, 0, 0, GetCurrentTimestamp(), false};
-    registry_visit_all(state.now, count_entry, &state);
+    registry_visit_all(count_entry, &state);
     state.file = AllocateFile(kStateTemp, PG_BINARY_W);
     if (state.file == nullptr) {
         ereport(LOG, (errcode_for_file_access(),
@@ -90,7 +90,7 @@ void dump_at_shutdown(int code, Datum /*arg*/) {
     const StateHeader header{kMagic, kFormatVersion, sizeof(RegistryEntry),
                              0,      state.written,  fence_last()};
     write_bytes(&state, &header, sizeof header);
-    registry_visit_all(state.now, write_entry, &state);
+    registry_visit_all(write_entry, &state);
     FIN_CRC32C(state.crc);
     if (!state.failed && fwrite(&state.crc, 1, sizeof state.crc, state.file) != sizeof state.crc) {
         state.failed = true;

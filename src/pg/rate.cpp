@@ -38,7 +38,6 @@ Datum take_result(FunctionCallInfo fcinfo, const core::GcraDecision& decision) {
 }
 
 core::GcraDecision decide_now(const BucketRequest& request) {
-    registry_require();
     return bucket_reserve(request, clock_now(), 0);
 }
 

@@ -263,8 +263,7 @@ void registry_for_each_exclusive(void (*visit)(RegistryEntry* entry, void* ctx),
     unlock_all_partitions();
 }
 
-void registry_visit_all(core::Micros /*now*/, void (*visit)(const RegistryEntry& entry, void* ctx),
-                        void* ctx) {
+void registry_visit_all(void (*visit)(const RegistryEntry& entry, void* ctx), void* ctx) {
     HASH_SEQ_STATUS scan;
     hash_seq_init(&scan, registry);
     while (const auto* entry = static_cast<const RegistryEntry*>(hash_seq_search(&scan))) {

@@ -104,8 +104,7 @@ LWLock* registry_partition_lock(const RegistryKey& key);
 // For startup and shutdown, when the postmaster is alone: every entry of
 // every database (no locks), and putting a saved entry back. registry_restore
 // returns false when the registry has no room for it.
-void registry_visit_all(core::Micros now, void (*visit)(const RegistryEntry& entry, void* ctx),
-                        void* ctx);
+void registry_visit_all(void (*visit)(const RegistryEntry& entry, void* ctx), void* ctx);
 bool registry_restore(const RegistryEntry& saved);
 
 // After a crash the registry does not know what was granted before the
