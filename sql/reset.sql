@@ -18,6 +18,10 @@ SELECT throttle.lock('rst.lock', '1 hour') > :t1 AS retaken_with_greater_token;
 SELECT throttle.unlock('rst.lock', :t1) AS old_token_is_stale;
 
 SELECT throttle.reset('rst.nothing') AS nothing_to_clear;
+
+-- The checkpoint of resources in force (the test clock's windows end after
+-- the real clock's now, so rst.job is one of them).
+SELECT throttle.checkpoint() >= 1 AS checkpoint_written;
 SELECT throttle.reset('rst.job', 'queue');
 SELECT throttle.reset(NULL);
 
@@ -25,6 +29,7 @@ SELECT throttle.reset(NULL);
 CREATE ROLE throttle_reset_user;
 SET ROLE throttle_reset_user;
 SELECT throttle.reset('rst.job');
+SELECT throttle.checkpoint();
 RESET ROLE;
 DROP ROLE throttle_reset_user;
 RESET pg_throttle.test_clock;

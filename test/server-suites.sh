@@ -4,6 +4,7 @@
 #   main           pg_throttle preloaded, default settings: pg_regress, pgTAP, real clients
 #   small-registry pg_throttle preloaded, pg_throttle.max_entries = 100
 #   restart        pg_throttle preloaded, on a cluster the suite restarts itself
+#   failover       pg_throttle preloaded, a standby of it promoted after the primary stops
 #   not-preloaded  pg_throttle installed but not in shared_preload_libraries
 # Each suite's counts are appended to $PG_THROTTLE_RESULTS as "suite passed failed".
 set -uo pipefail
@@ -11,7 +12,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$ROOT/test/results.sh"
 cd "$ROOT"
 
-profile=${1:?profile: main, small-registry, restart or not-preloaded}
+profile=${1:?profile: main, small-registry, restart, failover or not-preloaded}
 status=0
 case "$profile" in
 main)
@@ -30,6 +31,9 @@ small-registry)
     ;;
 restart)
     run_suite restart prove prove --verbose test/integration/restart.py || status=1
+    ;;
+failover)
+    run_suite failover prove prove --verbose test/integration/failover.py || status=1
     ;;
 not-preloaded)
     run_suite not-preloaded prove prove --verbose test/integration/not_preloaded.py || status=1

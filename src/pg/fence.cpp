@@ -1,19 +1,161 @@
 #include "pg/fence.hpp"
 
+extern "C" {
+#include "access/xlog.h"
+#include "access/xlog_internal.h"
+#include "access/xloginsert.h"
+#include "access/xlogreader.h"
+#include "port/pg_crc32c.h"
+#include "replication/syncrep.h"
+#include "storage/fd.h"
+}
+
 namespace pg_throttle::pg {
 namespace {
 
+// Tokens made durable at once. After a crash the counter resumes at the
+// limit, so up to a block of numbers is skipped: tokens grow, not densely.
+constexpr int64 kBlock = int64{1} << 20;
+// RM_EXPERIMENTAL_ID until an id is reserved on the PostgreSQL wiki's list
+// of custom WAL resource managers.
+constexpr RmgrId kRmgrId = RM_EXPERIMENTAL_ID;
+constexpr uint8 kRaiseLimit = 0x10;  // the one record type (high bits of xl_info)
+constexpr const char* kTrancheName = "pg_throttle fence";
+constexpr const char* kFenceFile = "pg_throttle.fence";
+constexpr const char* kFenceTemp = "pg_throttle.fence.tmp";
+constexpr uint32 kFileMagic = 0x50474645;  // "PGFE"
+constexpr uint32 kFileVersion = 1;
+
 struct FenceShared {
-    int64 last_token;  // changed with __atomic builtins
+    int64 last_token;  // the counter; __atomic builtins
+    int64 limit;       // no token above it is handed out; only grows
 };
 static_assert(std::is_trivially_copyable_v<FenceShared>);
 
+struct FenceFileData {
+    uint32 magic;
+    uint32 version;
+    int64 limit;
+    pg_crc32c crc;  // of the fields above
+};
+static_assert(std::is_trivially_copyable_v<FenceFileData>);
+
 FenceShared* fence = nullptr;
+LWLock* extend_lock = nullptr;
+
+int64 load(const int64* value) {
+    return __atomic_load_n(value, __ATOMIC_ACQUIRE);
+}
+
+void raise(int64* value, int64 to) {
+    int64 seen = load(value);
+    while (seen < to && !__atomic_compare_exchange_n(value, &seen, to, true, __ATOMIC_ACQ_REL,
+                                                     __ATOMIC_ACQUIRE)) {
+    }
+}
+
+pg_crc32c file_crc(const FenceFileData& data) {
+    pg_crc32c crc = 0;
+    INIT_CRC32C(crc);
+    COMP_CRC32C(crc, &data, offsetof(FenceFileData, crc));
+    FIN_CRC32C(crc);
+    return crc;
+}
+
+// Writes the limit under a temporary name, fsyncs it and renames it into place.
+void write_limit_file(int64 limit, int elevel) {
+    FenceFileData data{kFileMagic, kFileVersion, limit, 0};
+    data.crc = file_crc(data);
+    const int fd = OpenTransientFile(kFenceTemp, O_CREAT | O_TRUNC | O_WRONLY | PG_BINARY);
+    if (fd < 0) {
+        ereport(elevel,
+                (errcode_for_file_access(), errmsg("could not create \"%s\": %m", kFenceTemp)));
+        return;
+    }
+    errno = 0;
+    const bool written =
+        write(fd, &data, sizeof data) == static_cast<ssize_t>(sizeof data) && pg_fsync(fd) == 0;
+    if (!written) {
+        if (errno == 0) {
+            errno = ENOSPC;
+        }
+        const int saved = errno;
+        (void)CloseTransientFile(fd);
+        errno = saved;
+        ereport(elevel,
+                (errcode_for_file_access(), errmsg("could not write \"%s\": %m", kFenceTemp)));
+        return;
+    }
+    (void)CloseTransientFile(fd);
+    (void)durable_rename(kFenceTemp, kFenceFile, elevel);
+}
+
+// The limit in the file: 0 when there is none; -1 when it cannot be read.
+int64 read_limit_file() {
+    const int fd = OpenTransientFile(kFenceFile, O_RDONLY | PG_BINARY);
+    if (fd < 0) {
+        return errno == ENOENT ? 0 : -1;
+    }
+    FenceFileData data{};
+    const bool read_all = read(fd, &data, sizeof data) == static_cast<ssize_t>(sizeof data);
+    (void)CloseTransientFile(fd);
+    if (!read_all || data.magic != kFileMagic || data.version != kFileVersion ||
+        !EQ_CRC32C(data.crc, file_crc(data)) || data.limit < 0) {
+        return -1;
+    }
+    return data.limit;
+}
+
+// --- WAL ----------------------------------------------------------------------
+
+void fence_redo(XLogReaderState* record) {
+    const uint8 info = XLogRecGetInfo(record) & ~XLR_INFO_MASK;
+    if (info != kRaiseLimit || XLogRecGetDataLen(record) != sizeof(int64)) {
+        elog(PANIC, "pg_throttle fence redo: unknown record (info %u)", info);
+    }
+    int64 limit = 0;
+    memcpy(&limit, XLogRecGetData(record), sizeof limit);
+    // The primary may have handed out every token up to the limit.
+    if (limit > load(&fence->limit)) {
+        write_limit_file(limit, ERROR);
+        raise(&fence->limit, limit);
+    }
+    raise(&fence->last_token, limit);
+}
+
+void fence_desc(StringInfo buf, XLogReaderState* record) {
+    if (XLogRecGetDataLen(record) == sizeof(int64)) {
+        int64 limit = 0;
+        memcpy(&limit, XLogRecGetData(record), sizeof limit);
+        appendStringInfo(buf, "limit " INT64_FORMAT, limit);
+    }
+}
+
+const char* fence_identify(uint8 info) {
+    return (info & ~XLR_INFO_MASK) == kRaiseLimit ? "RAISE_LIMIT" : nullptr;
+}
+
+RmgrData fence_rmgr = {
+    "pg_throttle", fence_redo, fence_desc, fence_identify, nullptr, nullptr, nullptr, nullptr,
+};
+
+XLogRecPtr log_limit(int64 limit) {
+    XLogBeginInsert();
+    XLogRegisterData(reinterpret_cast<char*>(&limit), sizeof limit);
+    const XLogRecPtr lsn = XLogInsert(kRmgrId, kRaiseLimit);
+    XLogFlush(lsn);
+    return lsn;
+}
 
 }  // namespace
 
-Size fence_shmem_size() {
-    return MAXALIGN(sizeof(FenceShared));
+void fence_register_wal() {
+    RegisterCustomRmgr(kRmgrId, &fence_rmgr);
+}
+
+void fence_request_shmem() {
+    RequestAddinShmemSpace(MAXALIGN(sizeof(FenceShared)));
+    RequestNamedLWLockTranche(kTrancheName, 1);
 }
 
 void fence_attach_shmem() {
@@ -21,27 +163,71 @@ void fence_attach_shmem() {
     fence = static_cast<FenceShared*>(
         ShmemInitStruct("pg_throttle fence", sizeof(FenceShared), &found));
     if (!found) {
-        fence->last_token = GetCurrentTimestamp();
+        fence->last_token = 0;
+        fence->limit = 0;
     }
+    extend_lock = &GetNamedLWLockTranche(kTrancheName)[0].lock;
+}
+
+void fence_startup(bool registry_lost) {
+    int64 limit = read_limit_file();
+    if (limit < 0) {
+        // Without the mark, fall back on the real clock in microseconds:
+        // above every earlier token unless grants outran one per microsecond.
+        limit = GetCurrentTimestamp();
+        ereport(
+            WARNING,
+            (errmsg("ignoring damaged pg_throttle fence file \"%s\"", kFenceFile),
+             errdetail("Fence tokens continue from the clock in microseconds, " INT64_FORMAT ".",
+                       limit)));
+        raise(&fence->last_token, limit);
+    }
+    fence->limit = limit;
+    if (registry_lost) {
+        raise(&fence->last_token, limit);
+    }
+}
+
+void fence_reserve_ahead() {
+    if (RecoveryInProgress()) {
+        ereport(ERROR, (errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+                        errmsg("cannot hand out fence tokens during recovery"),
+                        errdetail("Fence tokens are made durable in WAL, which a standby cannot "
+                                  "write."),
+                        errhint("Take locks on the primary.")));
+    }
+    if (load(&fence->limit) - load(&fence->last_token) >= kBlock / 2) {
+        return;
+    }
+    // One backend writes the block; the others wait for it on the lock.
+    LWLockAcquire(extend_lock, LW_EXCLUSIVE);
+    const int64 limit = load(&fence->limit);
+    const int64 last = load(&fence->last_token);
+    if (limit - last >= kBlock / 2) {
+        LWLockRelease(extend_lock);
+        return;
+    }
+    const int64 new_limit = std::max(limit, last) + kBlock;
+    const XLogRecPtr lsn = log_limit(new_limit);
+    write_limit_file(new_limit, ERROR);
+    LWLockRelease(extend_lock);
+    // Synchronous standbys must have the block before its tokens are used:
+    // a promoted standby resumes above it.
+    SyncRepWaitForLSN(lsn, false);
+    raise(&fence->limit, new_limit);
 }
 
 int64 fence_next() {
-    return __atomic_add_fetch(&fence->last_token, 1, __ATOMIC_RELAXED);
+    const int64 token = __atomic_add_fetch(&fence->last_token, 1, __ATOMIC_ACQ_REL);
+    return token <= load(&fence->limit) ? token : 0;
 }
 
-}  // namespace pg_throttle::pg
-
-namespace pg_throttle::pg {
-
 int64 fence_last() {
-    return __atomic_load_n(&fence->last_token, __ATOMIC_RELAXED);
+    return load(&fence->last_token);
 }
 
 void fence_raise_to(int64 token) {
-    int64 seen = fence_last();
-    while (seen < token && !__atomic_compare_exchange_n(&fence->last_token, &seen, token, true,
-                                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-    }
+    raise(&fence->last_token, token);
 }
 
 }  // namespace pg_throttle::pg

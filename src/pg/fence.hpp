@@ -1,21 +1,37 @@
 // Fence tokens: numbers that grow with every lock grant, whatever the name.
 //
 // One counter for the server, so tokens also grow within every database.
-// Across restarts the counter starts from the real clock in microseconds
-// (since 2000-01-01): above every token handed out before, as long as grants
-// stayed below one per microsecond on average and the clock did not step
-// back. A durable high-water mark replaces that assumption with the
-// durability work.
+// Tokens are handed out only below a durable high-water mark, the limit,
+// raised a block at a time (as sequences do): the new limit is written to
+// WAL and flushed (and waited for by synchronous standbys) and written to
+// the file pg_throttle.fence before any token under it is used. WAL carries
+// it to standbys and through crash recovery (a custom WAL resource manager,
+// whose redo raises the limit and the counter); the file keeps it across
+// checkpoints, after which the WAL that carried it is no longer replayed.
+// After a crash or a promotion the counter starts at the limit, above every
+// token handed out before.
 #pragma once
 
 #include "pg/pg_headers.hpp"
 
 namespace pg_throttle::pg {
 
-Size fence_shmem_size();
+// _PG_init: the WAL resource manager. shmem_request_hook / startup halves.
+void fence_register_wal();
+void fence_request_shmem();
 void fence_attach_shmem();
 
-// The next token: strictly greater than every token returned before.
+// In the postmaster at startup: reads the durable limit. When the registry
+// was lost (crash, damaged state file) the counter starts at the limit.
+void fence_startup(bool registry_lost);
+
+// Makes sure that a block of tokens is durable ahead of the counter. Call it
+// with no LWLock held, before work that may hand out tokens; raises an
+// error during recovery (a standby cannot write WAL).
+void fence_reserve_ahead();
+
+// The next token, strictly greater than every token returned before; 0 when
+// the durable block is used up (the caller reserves and tries again).
 int64 fence_next();
 
 // The last token handed out, and raising the counter to at least `token`

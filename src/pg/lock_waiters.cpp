@@ -48,7 +48,7 @@ void waiter_enqueue(const RegistryKey& key, int64 ttl, const char* holder) {
     LWLockRelease(registry_waiters_lock());
 }
 
-WaiterSlot* waiter_dequeue_earliest(const RegistryKey& key) {
+WaiterSlot* waiter_earliest(const RegistryKey& key) {
     WaiterSlot* earliest = nullptr;
     for (int i = 1; i < slot_count; i++) {
         WaiterSlot* slot = &slots[i];
@@ -56,9 +56,6 @@ WaiterSlot* waiter_dequeue_earliest(const RegistryKey& key) {
             (earliest == nullptr || slot->arrival < earliest->arrival)) {
             earliest = slot;
         }
-    }
-    if (earliest != nullptr) {
-        earliest->waiting = false;
     }
     return earliest;
 }

@@ -33,9 +33,9 @@ WaiterSlot* my_waiter_slot();
 // exclusively; takes the waiters lock itself).
 void waiter_enqueue(const RegistryKey& key, int64 ttl, const char* holder);
 
-// The earliest backend waiting for `key`, or null; marks it no longer
-// waiting. Caller holds the key's partition lock exclusively and the waiters
-// lock.
-WaiterSlot* waiter_dequeue_earliest(const RegistryKey& key);
+// The earliest backend waiting for `key`, or null. Caller holds the key's
+// partition lock exclusively and the waiters lock; clearing the slot's
+// `waiting` takes it out of the queue.
+WaiterSlot* waiter_earliest(const RegistryKey& key);
 
 }  // namespace pg_throttle::pg

@@ -44,16 +44,23 @@ void grant(RegistryEntry* entry, core::Micros now, int64 token, int64 ttl, int32
 }
 
 // Gives `entry` to its earliest waiter, or frees it. The caller holds the
-// entry's partition lock exclusively and not the waiters lock.
+// entry's partition lock exclusively and not the waiters lock. When the
+// durable block of fence tokens is used up, the lock is freed and the
+// earliest waiter woken to take it over itself once it has reserved more.
 void hand_over(RegistryEntry* entry, core::Micros now) {
     if (entry->of.lock.waiters > 0) {
         LWLockAcquire(registry_waiters_lock(), LW_EXCLUSIVE);
-        WaiterSlot* next = waiter_dequeue_earliest(entry->key);
+        WaiterSlot* next = waiter_earliest(entry->key);
         if (next != nullptr) {
             const int64 token = fence_next();
-            next->granted_token = token;
-            entry->of.lock.waiters--;
-            grant(entry, now, token, next->ttl, next->pid, next->holder);
+            if (token != 0) {
+                next->waiting = false;
+                next->granted_token = token;
+                entry->of.lock.waiters--;
+                grant(entry, now, token, next->ttl, next->pid, next->holder);
+            } else {
+                entry->expires_at = kFreed;
+            }
             SetLatch(&ProcGlobal->allProcs[next->pgprocno].procLatch);
             LWLockRelease(registry_waiters_lock());
             return;
@@ -78,8 +85,9 @@ struct LockCall {
     int64 ttl;  // 0: session lock
     bool may_wait;
     const Holder* holder;
-    int64 token;  // out: the grant, or 0
-    bool queued;  // out: this backend is now waiting
+    int64 token;          // out: the grant, or 0
+    bool queued;          // out: this backend is now waiting
+    bool tokens_used_up;  // out: free, but the durable block of tokens ran out
 };
 
 bool lock_decide_shared(RegistryEntry* entry, void* ctx) {
@@ -119,6 +127,10 @@ void lock_apply_exclusive(RegistryEntry* entry, bool created, void* ctx) {
     }
     if (!held(*entry, call->now)) {  // a fresh entry has token 0: free
         call->token = fence_next();
+        if (call->token == 0) {
+            call->tokens_used_up = true;
+            return;
+        }
         grant(entry, call->now, call->token, call->ttl, MyProcPid, call->holder->text);
         return;
     }
@@ -190,6 +202,7 @@ int64 wait_in_queue(const RegistryKey& key, core::Micros wait_us) {
     PG_TRY();
     {
         for (;;) {
+            fence_reserve_ahead();
             WaitCheck check{clock_now(), GetCurrentTimestamp() >= deadline, 0, 0, false};
             registry_update_existing(key, wait_check, &check);
             if (!check.found) {
@@ -280,10 +293,14 @@ Datum lock(FunctionCallInfo fcinfo) {
     if (ttl == 0) {
         may_hold_session_locks = true;
     }
-    LockCall call{clock_now(), ttl, wait_us > 0, &holder, 0, false};
-    if (registry_apply(key, call.now, kLockOp, &call) == ApplyResult::kFull) {
-        registry_raise_full();
-    }
+    LockCall call{};
+    do {
+        fence_reserve_ahead();
+        call = LockCall{clock_now(), ttl, wait_us > 0, &holder, 0, false, false};
+        if (registry_apply(key, call.now, kLockOp, &call) == ApplyResult::kFull) {
+            registry_raise_full();
+        }
+    } while (call.tokens_used_up);
     const int64 token = call.queued ? wait_in_queue(key, wait_us) : call.token;
     if (token == 0) {
         PG_RETURN_NULL();
@@ -326,6 +343,7 @@ Datum unlock(FunctionCallInfo fcinfo) {
     lock_key(fcinfo, &key);
     require_not_null(fcinfo, 1, "token");
     TokenCall call{clock_now(), PG_GETARG_INT64(1), 0, false, false};
+    fence_reserve_ahead();  // the lock may go to a waiter with a new token
     registry_update_existing(key, unlock_update, &call);
     PG_RETURN_BOOL(call.done);
 }

@@ -1,4 +1,5 @@
 // Module load: GUCs and the shared-memory hooks.
+#include "pg/checkpoint.hpp"
 #include "pg/clock.hpp"
 #include "pg/fence.hpp"
 #include "pg/lock_waiters.hpp"
@@ -21,7 +22,8 @@ void on_shmem_request() {
         previous_shmem_request();
     }
     pg_throttle::pg::registry_request_shmem();
-    RequestAddinShmemSpace(pg_throttle::pg::fence_shmem_size());
+    pg_throttle::pg::fence_request_shmem();
+    pg_throttle::pg::checkpoint_request_shmem();
     RequestAddinShmemSpace(pg_throttle::pg::waiters_shmem_size());
 }
 
@@ -32,6 +34,7 @@ void on_shmem_startup() {
     pg_throttle::pg::registry_attach_shmem();
     LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
     pg_throttle::pg::fence_attach_shmem();
+    pg_throttle::pg::checkpoint_attach_shmem();
     pg_throttle::pg::waiters_attach_shmem();
     LWLockRelease(AddinShmemInitLock);
     pg_throttle::pg::persistence_startup();
@@ -47,7 +50,11 @@ void _PG_init(void) {
     }
     pg_throttle::pg::registry_define_gucs();
     pg_throttle::pg::define_clock_guc();
+    pg_throttle::pg::checkpoint_define_guc();
     MarkGUCPrefixReserved("pg_throttle");
+
+    pg_throttle::pg::fence_register_wal();
+    pg_throttle::pg::checkpoint_register_worker();
 
     previous_shmem_request = shmem_request_hook;
     shmem_request_hook = on_shmem_request;

@@ -1,12 +1,12 @@
 #include "pg/persistence.hpp"
 
-// registry.hpp brings in src/core: before any PostgreSQL header.
-#include "pg/registry.hpp"
+// state_file.hpp brings in src/core: before any PostgreSQL header.
+#include "pg/state_file.hpp"
 
+#include "pg/checkpoint.hpp"
 #include "pg/fence.hpp"
 
 extern "C" {
-#include "port/pg_crc32c.h"
 #include "storage/fd.h"
 }
 
@@ -19,33 +19,6 @@ constexpr const char* kStateTemp = "pg_throttle.state.tmp";
 // the state. Found at startup (or at a reinitialisation after a backend
 // crash), it means the registry was lost.
 constexpr const char* kRunningMarker = "pg_throttle.running";
-constexpr uint32 kMagic = 0x50475448;  // "PGTH"
-constexpr uint32 kFormatVersion = 1;
-
-struct StateHeader {
-    uint32 magic;
-    uint32 format_version;
-    uint32 entry_size;
-    uint32 reserved;
-    int64 entries;
-    int64 last_token;
-};
-static_assert(std::is_trivially_copyable_v<StateHeader>);
-
-struct DumpState {
-    FILE* file;
-    pg_crc32c crc = 0;
-    int64 written;
-    core::Micros now;
-    bool failed;
-};
-
-void write_bytes(DumpState* state, const void* data, size_t len) {
-    if (!state->failed && fwrite(data, 1, len, state->file) != len) {
-        state->failed = true;
-    }
-    COMP_CRC32C(state->crc, data, len);
-}
 
 bool worth_keeping(const RegistryEntry& entry, core::Micros now) {
     // Session locks die with their sessions; an expired entry is an absent one.
@@ -55,22 +28,38 @@ bool worth_keeping(const RegistryEntry& entry, core::Micros now) {
     return now < entry.expires_at;
 }
 
+struct DumpCount {
+    core::Micros now;
+    int64 entries;
+};
+
 void count_entry(const RegistryEntry& entry, void* ctx) {
-    auto* state = static_cast<DumpState*>(ctx);
-    if (worth_keeping(entry, state->now)) {
-        state->written++;
+    auto* count = static_cast<DumpCount*>(ctx);
+    if (worth_keeping(entry, count->now)) {
+        count->entries++;
     }
 }
 
-void write_entry(const RegistryEntry& entry, void* ctx) {
-    auto* state = static_cast<DumpState*>(ctx);
-    if (worth_keeping(entry, state->now)) {
+struct DumpSource {
+    core::Micros now;
+    EntryEmitter emit;
+    void* file_ctx;
+};
+
+void emit_kept(const RegistryEntry& entry, void* ctx) {
+    auto* source = static_cast<DumpSource*>(ctx);
+    if (worth_keeping(entry, source->now)) {
         RegistryEntry copy = entry;
         if (static_cast<EntryKind>(entry.key.kind) == EntryKind::kLock) {
             copy.of.lock.waiters = 0;  // nobody waits across a restart
         }
-        write_bytes(state, &copy, sizeof copy);
+        source->emit(copy, source->file_ctx);
     }
+}
+
+void emit_registry(EntryEmitter emit, void* file_ctx, void* source_ctx) {
+    DumpSource source{*static_cast<core::Micros*>(source_ctx), emit, file_ctx};
+    registry_visit_all(emit_kept, &source);
 }
 
 // on_shmem_exit in the postmaster: code 0 is a clean shutdown.
@@ -78,120 +67,50 @@ void dump_at_shutdown(int code, Datum /*arg*/) {
     if (code != 0) {
         return;
     }
-    DumpState state{nullptr, 0, 0, GetCurrentTimestamp(), false};
-    registry_visit_all(count_entry, &state);
-    state.file = AllocateFile(kStateTemp, PG_BINARY_W);
-    if (state.file == nullptr) {
-        ereport(LOG, (errcode_for_file_access(),
-                      errmsg("could not write pg_throttle state file \"%s\": %m", kStateTemp)));
-        return;
-    }
-    INIT_CRC32C(state.crc);
-    const StateHeader header{kMagic, kFormatVersion, sizeof(RegistryEntry),
-                             0,      state.written,  fence_last()};
-    write_bytes(&state, &header, sizeof header);
-    registry_visit_all(write_entry, &state);
-    FIN_CRC32C(state.crc);
-    if (!state.failed && fwrite(&state.crc, 1, sizeof state.crc, state.file) != sizeof state.crc) {
-        state.failed = true;
-    }
-    if (FreeFile(state.file) != 0) {
-        state.failed = true;
-    }
-    if (state.failed) {
-        ereport(LOG, (errcode_for_file_access(),
-                      errmsg("could not write pg_throttle state file \"%s\": %m", kStateTemp)));
-        unlink(kStateTemp);
-        return;
-    }
-    if (durable_rename(kStateTemp, kStateFile, LOG) == 0) {
+    DumpCount count{GetCurrentTimestamp(), 0};
+    registry_visit_all(count_entry, &count);
+    const StateFileInfo info{count.entries, fence_last(), count.now};
+    if (state_file_write(kStateTemp, info, emit_registry, &count.now) &&
+        durable_rename(kStateTemp, kStateFile, LOG) == 0) {
         (void)durable_unlink(kRunningMarker, LOG);
     }
 }
 
-void warn_damaged(const char* why) {
-    ereport(WARNING, (errmsg("ignoring pg_throttle state file \"%s\": %s", kStateFile, why),
-                      errdetail("The registry starts empty.")));
-}
-
-// Reads the file into the empty registry. Only the postmaster runs now.
-// Returns false when a state file was there but could not be used.
-bool load_state() {
-    FILE* file = AllocateFile(kStateFile, PG_BINARY_R);
-    if (file == nullptr) {
-        if (errno != ENOENT) {
-            ereport(LOG, (errcode_for_file_access(),
-                          errmsg("could not read pg_throttle state file \"%s\": %m", kStateFile)));
-            return false;
-        }
-        return true;
-    }
-    pg_crc32c crc = 0;
-    INIT_CRC32C(crc);
-    StateHeader header{};
-    const char* problem = nullptr;
-    if (fread(&header, 1, sizeof header, file) != sizeof header) {
-        problem = "it is truncated";
-    } else if (header.magic != kMagic) {
-        problem = "it is not a pg_throttle state file";
-    } else if (header.format_version != kFormatVersion ||
-               header.entry_size != sizeof(RegistryEntry)) {
-        problem = "it was written by another version of pg_throttle";
-    } else if (header.entries < 0) {
-        problem = "it is damaged";
-    }
-    COMP_CRC32C(crc, &header, sizeof header);
-    int64 loaded = 0;
-    int64 dropped = 0;
-    RegistryEntry entry;
-    for (int64 i = 0; problem == nullptr && i < header.entries; i++) {
-        if (fread(&entry, 1, sizeof entry, file) != sizeof entry) {
-            problem = "it is truncated";
-            break;
-        }
-        COMP_CRC32C(crc, &entry, sizeof entry);
-    }
-    pg_crc32c stored = 0;
-    if (problem == nullptr) {
-        FIN_CRC32C(crc);
-        if (fread(&stored, 1, sizeof stored, file) != sizeof stored) {
-            problem = "it is truncated";
-        } else if (!EQ_CRC32C(stored, crc)) {
-            problem = "its checksum does not match";
-        }
-    }
-    if (problem == nullptr) {
-        // Verified: read the entries again, this time into the registry.
-        if (fseek(file, sizeof header, SEEK_SET) != 0) {
-            problem = "it could not be re-read";
-        }
-        for (int64 i = 0; problem == nullptr && i < header.entries; i++) {
-            if (fread(&entry, 1, sizeof entry, file) != sizeof entry) {
-                problem = "it is truncated";
-            } else if (registry_restore(entry)) {
-                loaded++;
-            } else {
-                dropped++;
-            }
-        }
-    }
-    FreeFile(file);
-    unlink(kStateFile);
-    if (problem != nullptr) {
-        warn_damaged(problem);
-        return false;
-    }
-    fence_raise_to(header.last_token);
-    ereport(LOG,
-            (errmsg("pg_throttle restored %lld registry entries", static_cast<long long>(loaded)),
-             dropped > 0 ? errdetail("%lld entries did not fit in pg_throttle.max_entries.",
-                                     static_cast<long long>(dropped))
-                         : 0));
+bool restore_entry(const RegistryEntry& entry, void* ctx) {
+    auto* counts = static_cast<int64*>(ctx);
+    counts[registry_restore(entry) ? 0 : 1]++;
     return true;
 }
 
-bool marker_exists() {
-    return access(kRunningMarker, F_OK) == 0;
+// Reads the state file into the empty registry. Only the postmaster runs
+// now. Returns false when a state file was there but could not be used.
+bool load_state() {
+    int64 counts[2] = {0, 0};  // loaded, dropped
+    StateFileInfo info{};
+    bool found = false;
+    const char* problem = state_file_read(kStateFile, restore_entry, counts, &info, &found);
+    if (found) {
+        unlink(kStateFile);
+    }
+    if (problem != nullptr) {
+        ereport(WARNING, (errmsg("ignoring pg_throttle state file \"%s\": %s", kStateFile, problem),
+                          errdetail("The registry starts empty.")));
+        return false;
+    }
+    if (found) {
+        fence_raise_to(info.last_token);
+        ereport(LOG,
+                (errmsg("pg_throttle restored %lld registry entries",
+                        static_cast<long long>(counts[0])),
+                 counts[1] > 0 ? errdetail("%lld entries did not fit in pg_throttle.max_entries.",
+                                           static_cast<long long>(counts[1]))
+                               : 0));
+    }
+    return true;
+}
+
+bool file_exists(const char* name) {
+    return access(name, F_OK) == 0;
 }
 
 void create_marker() {
@@ -212,14 +131,29 @@ void persistence_startup() {
     if (IsUnderPostmaster) {
         return;  // a backend attaching (EXEC_BACKEND): nothing to load or dump
     }
-    const bool crashed = marker_exists();
-    const bool restored = load_state();
-    if (crashed || !restored) {
-        registry_mark_unknown_since(GetCurrentTimestamp());
-        ereport(LOG, (errmsg("pg_throttle lost its registry: entries not known since now count "
-                             "as granted now"),
-                      errdetail("Resources stay taken for their interval, buckets start empty and "
-                                "locks stay held for pg_throttle.max_lease.")));
+    // A standby, or a restore from a backup, starts from files copied off
+    // another server: a marker among them, perhaps, but nothing that says
+    // what that server granted since. Its promotion counts as a crash.
+    const bool from_backup = file_exists("standby.signal") || file_exists("recovery.signal");
+    const bool crashed = file_exists(kRunningMarker) || from_backup;
+    const bool restored = !from_backup && load_state();
+    const bool lost = crashed || !restored;
+    fence_startup(lost);
+    if (from_backup) {
+        checkpoint_discard();
+        registry_await_promotion();
+    }
+    if (lost) {
+        const core::Micros restart = GetCurrentTimestamp();
+        registry_mark_unknown_since(restart);
+        const int64 kept = from_backup ? 0 : checkpoint_restore(restart);
+        ereport(LOG,
+                (errmsg("pg_throttle lost its registry: entries not known since now count "
+                        "as granted now"),
+                 errdetail("Resources stay taken for their interval (%lld came back exactly from "
+                           "the last checkpoint), buckets start empty and locks stay held for "
+                           "pg_throttle.max_lease.",
+                           static_cast<long long>(kept))));
     }
     create_marker();
     on_shmem_exit(dump_at_shutdown, 0);

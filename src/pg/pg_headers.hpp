@@ -4,6 +4,8 @@
 // PostgreSQL headers have no extern "C" blocks of their own.
 #pragma once
 
+#include <algorithm>
+#include <iterator>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>

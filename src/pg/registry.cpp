@@ -1,5 +1,9 @@
 #include "pg/registry.hpp"
 
+extern "C" {
+#include "access/xlog.h"
+}
+
 namespace pg_throttle::pg {
 namespace {
 
@@ -24,6 +28,9 @@ struct RegistryShared {
     // unknown, so an absent entry counts as granted at R (registry.hpp).
     // kNoCrash when the registry is complete.
     core::Micros unknown_since;
+    // Started as a standby (or from a backup): the first call after the
+    // promotion forgets the registry and sets unknown_since.
+    bool awaiting_promotion;
 };
 static_assert(std::is_trivially_copyable_v<RegistryShared>);
 RegistryShared* shared_state = nullptr;
@@ -184,6 +191,7 @@ void registry_attach_shmem() {
     if (!found) {
         shared_state->reclaim_not_before = core::kNever;
         shared_state->unknown_since = kNoCrash;
+        shared_state->awaiting_promotion = false;
     }
     registry =
         ShmemInitHash("pg_throttle registry", max_entries, max_entries, &info,
@@ -225,6 +233,7 @@ void registry_make_key(EntryKind kind, const char* name, size_t len, const char*
 }
 
 ApplyResult registry_apply(const RegistryKey& key, core::Micros now, const EntryOp& op, void* ctx) {
+    registry_notice_promotion();
     const uint32 hash = get_hash_value(registry, &key);
     if (try_apply(key, hash, op, ctx)) {
         return ApplyResult::kDone;
@@ -235,6 +244,7 @@ ApplyResult registry_apply(const RegistryKey& key, core::Micros now, const Entry
 
 void registry_update_existing(const RegistryKey& key,
                               void (*update)(RegistryEntry* entry, void* ctx), void* ctx) {
+    registry_notice_promotion();
     const uint32 hash = get_hash_value(registry, &key);
     PartitionLock exclusive(partition_lock(hash), LW_EXCLUSIVE);
     auto* entry = static_cast<RegistryEntry*>(
@@ -284,6 +294,7 @@ bool registry_restore(const RegistryEntry& saved) {
 }
 
 bool registry_remove(const RegistryKey& key) {
+    registry_notice_promotion();
     const uint32 hash = get_hash_value(registry, &key);
     PartitionLock exclusive(partition_lock(hash), LW_EXCLUSIVE);
     return hash_search_with_hash_value(registry, &key, hash, HASH_REMOVE, nullptr) != nullptr;
@@ -321,18 +332,65 @@ void registry_raise_full() {
     pg_unreachable();
 }
 
-void registry_scan(core::Micros now, void (*visit)(const RegistryEntry& entry, void* ctx),
-                   void* ctx) {
+namespace {
+
+void scan_live(Oid dbid, core::Micros now, void (*visit)(const RegistryEntry& entry, void* ctx),
+               void* ctx) {
     // No RAII here: `visit` may raise an error, and error abort releases the locks.
     lock_all_partitions(LW_SHARED);
     HASH_SEQ_STATUS scan;
     hash_seq_init(&scan, registry);
     while (const auto* entry = static_cast<const RegistryEntry*>(hash_seq_search(&scan))) {
-        if (entry->key.dbid == MyDatabaseId && now < entry->expires_at) {
+        if ((dbid == InvalidOid || entry->key.dbid == dbid) && now < entry->expires_at) {
             visit(*entry, ctx);
         }
     }
     unlock_all_partitions();
+}
+
+}  // namespace
+
+void registry_scan(core::Micros now, void (*visit)(const RegistryEntry& entry, void* ctx),
+                   void* ctx) {
+    registry_notice_promotion();
+    scan_live(MyDatabaseId, now, visit, ctx);
+}
+
+void registry_scan_all(core::Micros now, void (*visit)(const RegistryEntry& entry, void* ctx),
+                       void* ctx) {
+    scan_live(InvalidOid, now, visit, ctx);
+}
+
+void registry_await_promotion() {
+    shared_state->awaiting_promotion = true;
+}
+
+void registry_notice_promotion() {
+    if (!__atomic_load_n(&shared_state->awaiting_promotion, __ATOMIC_ACQUIRE) ||
+        RecoveryInProgress()) {
+        return;
+    }
+    bool forgot = false;
+    lock_all_partitions(LW_EXCLUSIVE);
+    if (shared_state->awaiting_promotion) {
+        // What this server granted as a standby says nothing of what the
+        // old primary granted: forget it all and count everything as
+        // granted now, as after a crash.
+        HASH_SEQ_STATUS scan;
+        hash_seq_init(&scan, registry);
+        while (auto* entry = static_cast<RegistryEntry*>(hash_seq_search(&scan))) {
+            hash_search(registry, &entry->key, HASH_REMOVE, nullptr);
+        }
+        shared_state->reclaim_not_before = core::kNever;
+        shared_state->unknown_since = GetCurrentTimestamp();
+        __atomic_store_n(&shared_state->awaiting_promotion, false, __ATOMIC_RELEASE);
+        forgot = true;
+    }
+    unlock_all_partitions();
+    if (forgot) {
+        ereport(LOG, (errmsg("pg_throttle noticed the promotion: entries not known since now "
+                             "count as granted now")));
+    }
 }
 
 }  // namespace pg_throttle::pg

@@ -123,9 +123,18 @@ bool registry_remove(const RegistryKey& key);
 // Raises SQLSTATE 53200 with a hint naming pg_throttle.max_entries.
 [[noreturn]] void registry_raise_full();
 
-// Calls `visit` for each entry of the current database still in force at
-// `now`, under every partition's shared lock. `visit` may raise an error.
+// Calls `visit` for each entry of the current database (or of every
+// database) still in force at `now`, under every partition's shared lock.
+// `visit` may raise an error.
 void registry_scan(core::Micros now, void (*visit)(const RegistryEntry& entry, void* ctx),
                    void* ctx);
+void registry_scan_all(core::Micros now, void (*visit)(const RegistryEntry& entry, void* ctx),
+                       void* ctx);
+
+// A standby knows nothing of what the primary granted. Started as one, the
+// registry waits for the promotion; the first call after it (every entry
+// point checks, cheaply) forgets the registry and sets unknown_since to now.
+void registry_await_promotion();
+void registry_notice_promotion();
 
 }  // namespace pg_throttle::pg

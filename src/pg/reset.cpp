@@ -1,6 +1,7 @@
 // throttle.reset(name, kind): an operator clears entries after an incident.
 // Not granted to PUBLIC by the install script.
 #include "pg/arguments.hpp"
+#include "pg/checkpoint.hpp"
 #include "pg/registry.hpp"
 
 #include "pg/boundary.hpp"
@@ -15,25 +16,29 @@ Datum reset(FunctionCallInfo fcinfo) {
     require_not_null(fcinfo, 0, "name");
     const text* name = PG_GETARG_TEXT_PP(0);
     const char* only = PG_ARGISNULL(1) ? nullptr : text_to_cstring(PG_GETARG_TEXT_PP(1));
-    bool kind_known = only == nullptr;
-    int32 removed = 0;
+    RegistryKey keys[std::size(kKinds)];
+    size_t key_count = 0;
     for (const EntryKind kind : kKinds) {
-        if (only != nullptr && strcmp(only, entry_kind_name(kind)) != 0) {
-            continue;
-        }
-        kind_known = true;
-        RegistryKey key;
-        registry_make_key(kind, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name), entry_kind_name(kind),
-                          &key);
-        if (registry_remove(key)) {
-            removed++;
+        if (only == nullptr || strcmp(only, entry_kind_name(kind)) == 0) {
+            registry_make_key(kind, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name),
+                              entry_kind_name(kind), &keys[key_count++]);
         }
     }
-    if (!kind_known) {
+    if (key_count == 0) {
         ereport(ERROR,
                 (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("unknown kind \"%s\"", only),
                  errhint("Use resource, bucket or lock, or NULL for all of them.")));
     }
+    // A checkpoint that still showed a removed resource would bring it back
+    // after a crash, while a grant made after the reset was lost.
+    checkpoint_begin_forget();
+    int32 removed = 0;
+    for (size_t i = 0; i < key_count; i++) {
+        if (registry_remove(keys[i])) {
+            removed++;
+        }
+    }
+    checkpoint_end_forget();
     PG_RETURN_INT32(removed);
 }
 

@@ -132,6 +132,14 @@ COMMENT ON FUNCTION throttle.reset(text, text) IS
     'Clears the registry entries named name in this database (kind resource, bucket or lock; NULL: all three) and returns how many; a cleared resource or lock can be granted at once, a cleared bucket is full. For operators after an incident: not granted to PUBLIC.';
 REVOKE EXECUTE ON FUNCTION throttle.reset(text, text) FROM PUBLIC;
 
+CREATE FUNCTION throttle.checkpoint()
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'pg_throttle_checkpoint'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle.checkpoint() IS
+    'Writes the checkpoint of the registry''s resources now (the background worker does so every pg_throttle.checkpoint_interval) and returns how many it wrote. After a crash, resources granted before the last checkpoint come back exactly. For operators: not granted to PUBLIC.';
+REVOKE EXECUTE ON FUNCTION throttle.checkpoint() FROM PUBLIC;
+
 --
 -- Operator view of the shared-memory registry.
 --

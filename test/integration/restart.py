@@ -1,11 +1,15 @@
 #!/usr/bin/python3
 """A clean restart keeps the registry exactly: intervals, bucket levels,
 leases and fence tokens; a damaged state file is survived with a WARNING; a
-crash (a backend killed with SIGKILL) breaks no promise.
+crash (a backend killed with SIGKILL, then the postmaster killed with
+SIGKILL) breaks no promise; the periodic checkpoint brings resources back
+exactly after a crash, and a reset is never undone by one; a damaged fence
+file is survived with a WARNING and tokens still grow.
 
 Restarts the cluster this suite runs against (pg_ctlcluster, as set up by
 pg_virtualenv), so it runs on a cluster of its own.
 """
+import glob
 import os
 import signal
 import subprocess
@@ -31,6 +35,49 @@ def session():
     return conn
 
 
+def server_log():
+    return subprocess.run(["bash", "-c", "cat /tmp/pg_virtualenv.*/log/*.log 2>/dev/null"],
+                          capture_output=True, text=True).stdout
+
+
+def reconnect():
+    for _ in range(300):
+        try:
+            return connect()
+        except Exception:  # noqa: BLE001 - the server is restarting
+            time.sleep(0.1)
+    return None
+
+
+def next_grant(conn, name):
+    row = one(conn, "SELECT next_grant_at FROM throttle.status WHERE kind = 'resource' AND name = %s",
+              (name,))
+    return row[0] if row else None
+
+
+def wait_for_checkpoint(path, newer_than, seconds=10):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if os.path.exists(path) and os.stat(path).st_mtime > newer_than:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def gone(pid):
+    """Whether process `pid` has exited (a zombie counts)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def execute(conn, sql):
+    with conn.cursor() as cur:
+        cur.execute(sql)
+
+
 def one(conn, sql, params=None):
     with conn.cursor() as cur:
         cur.execute(sql, params)
@@ -38,7 +85,7 @@ def one(conn, sql, params=None):
 
 
 def main():
-    tap = Tap(20)
+    tap = Tap(37)
     conn = session()
     one(conn, "CREATE EXTENSION IF NOT EXISTS pg_throttle; SELECT 1")
     data_dir = one(conn, "SHOW data_directory")[0]
@@ -77,32 +124,37 @@ def main():
     conn = session()
     tap.ok(one(conn, "SELECT throttle.acquire('rs.job', '1 hour')")[0],
            "after a damaged state file the server starts (the test clock is past the lost window)")
-    log = subprocess.run(["bash", "-c", "cat $(ls -t ${PG_VIRTUALENV_LOGDIR:-/tmp}/*.log 2>/dev/null | head -1) "
-                          "/tmp/pg_virtualenv.*/log/*.log 2>/dev/null"], capture_output=True, text=True).stdout
-    tap.ok("ignoring pg_throttle state file" in log, "and says why in a WARNING")
+    tap.ok("ignoring pg_throttle state file" in server_log(), "and says why in a WARNING")
     conn.close()
 
     # A crash: SIGKILL a backend; PostgreSQL reinitialises shared memory.
     # First a clean restart, so that the registry is complete again.
     pg_ctlcluster("restart", "-m", "fast")
     real = connect()
+    checkpoint = os.path.join(data_dir, "pg_throttle.checkpoint")
+    # The background worker's checkpoint, every second for this part.
+    execute(real, "ALTER SYSTEM SET pg_throttle.checkpoint_interval = '1s'")
+    one(real, "SELECT pg_reload_conf()")
+    tap.ok(one(real, "SELECT throttle.acquire('ck.early', '1 hour')")[0], "real clock: resource granted")
+    early = next_grant(real, "ck.early")
+    tap.ok(wait_for_checkpoint(checkpoint, time.time()), "the background worker writes a checkpoint")
+    execute(real, "ALTER SYSTEM RESET pg_throttle.checkpoint_interval")
+    one(real, "SELECT pg_reload_conf()")
     tap.ok(one(real, "SELECT throttle.acquire('cr.job', '1 hour')")[0], "real clock: resource granted")
     one(real, "SELECT * FROM throttle.take('cr.bucket', 10, '1 minute', 10, 10)")
+    tokens_before = [one(real, "SELECT throttle.lock('cr.t%s', '10 seconds')" % i)[0] for i in range(5)]
     crash_lease = one(real, "SELECT throttle.lock('cr.lease', '10 seconds')")[0]
     os.kill(one(real, "SELECT pg_backend_pid()")[0], signal.SIGKILL)
     real.close()
-    conn = None
-    for _ in range(100):
-        try:
-            conn = connect()
-            break
-        except Exception:  # noqa: BLE001 - the server is restarting
-            time.sleep(0.1)
+    conn = reconnect()
     tap.ok(conn is not None, "the server came back after the crash")
     tap.ok(not one(conn, "SELECT throttle.acquire('cr.job', '1 hour')")[0],
            "after a crash the resource is not granted again within its interval")
     tap.ok(not one(conn, "SELECT throttle.acquire('cr.unknown', '1 hour')")[0],
            "a resource not known since the crash counts as granted at the restart")
+    tap.is_(next_grant(conn, "ck.early"), early,
+            "a resource in the last checkpoint comes back exactly (not restart + 1 hour)")
+    tap.ok("resources from its checkpoint" in server_log(), "the log says what the checkpoint restored")
     tap.ok(not one(conn, "SELECT allowed FROM throttle.take('cr.bucket', 10, '1 minute', 10)")[0],
            "the bucket allows no more than it did before the crash (it starts empty)")
     tap.ok(one(conn, "SELECT throttle.lock('cr.lease', '10 seconds')")[0] is None,
@@ -113,10 +165,77 @@ def main():
            "held for an unknown holder until the restart plus pg_throttle.max_lease", repr(wait_s))
     time.sleep(float(wait_s[0]) + 0.2 if wait_s else 0)
     token = one(conn, "SELECT throttle.lock('cr.lease', '10 seconds')")[0]
-    tap.ok(token is not None and token > crash_lease,
-           "after max_lease it is granted, with a token above every earlier one")
+    tap.ok(token is not None and token > max(tokens_before + [crash_lease]),
+           "after max_lease it is granted, with a token above every earlier one",
+           repr((token, crash_lease)))
     tap.ok(one(conn, "SELECT throttle.lock('cr.other', '10 seconds', wait => '5 seconds')")[0] is not None,
            "a waiter gets a lock once the window after the crash has passed")
+
+    # The postmaster itself killed with SIGKILL: its backends notice and
+    # exit; a new postmaster finds the marker. First a clean restart again.
+    conn.close()
+    pg_ctlcluster("restart", "-m", "fast")
+    conn = real = connect()
+    # A reset must not be undone by a checkpoint taken before it.
+    one(conn, "SELECT throttle.acquire('ck.reset', '1 hour')")
+    one(conn, "SELECT throttle.checkpoint()")
+    one(conn, "SELECT throttle.reset('ck.reset')")
+    tap.ok(not os.path.exists(checkpoint), "throttle.reset deletes the checkpoint")
+    time.sleep(0.01)
+    tap.ok(one(conn, "SELECT throttle.acquire('ck.reset', '1 hour')")[0], "after the reset it is granted again")
+    regranted = next_grant(conn, "ck.reset")
+    tap.ok(one(conn, "SELECT throttle.acquire('pm.job', '1 hour')")[0], "resource granted before the kill")
+    one(conn, "SELECT * FROM throttle.take('pm.bucket', 10, '1 minute', 10, 10)")
+    pm_lease = one(conn, "SELECT throttle.lock('pm.lease', '10 seconds')")[0]
+    with open(os.path.join(data_dir, "postmaster.pid")) as f:
+        postmaster = int(f.readline())
+    os.kill(postmaster, signal.SIGKILL)
+    conn.close()
+    children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
+    for _ in range(100):  # backends exit once they notice; then shared memory is free
+        if all(gone(int(pid)) for pid in children + [str(postmaster)]):
+            break
+        time.sleep(0.1)
+    # Where nobody reaps orphans (PID 1 of a container), the dead postmaster
+    # stays a zombie and its socket lock file names a "live" PID.
+    for lock in glob.glob("/var/run/postgresql/.s.PGSQL.*.lock"):
+        with open(lock) as f:
+            if f.readline().strip() == str(postmaster):
+                os.unlink(lock)
+    pg_ctlcluster("start")
+    conn = reconnect()
+    tap.ok(conn is not None, "the server starts after its postmaster was killed")
+    tap.ok(not one(conn, "SELECT throttle.acquire('pm.job', '1 hour')")[0],
+           "the resource is not granted again within its interval")
+    tap.ok(not one(conn, "SELECT throttle.acquire('pm.unknown', '1 hour')")[0],
+           "an unknown resource counts as granted at the restart")
+    tap.ok(not one(conn, "SELECT allowed FROM throttle.take('pm.bucket', 10, '1 minute', 10)")[0],
+           "the bucket allows nothing more")
+    tap.ok(not one(conn, "SELECT throttle.acquire('ck.reset', '1 hour')")[0],
+           "a resource reset and granted again stays taken")
+    after_reset = next_grant(conn, "ck.reset")
+    tap.ok(after_reset is None or after_reset >= regranted,
+           "and not from the checkpoint taken before the reset", repr((after_reset, regranted)))
+    tap.ok(one(conn, "SELECT throttle.lock('pm.lease', '10 seconds')")[0] is None,
+           "the lease is not handed to a second holder")
+    wait_s = one(conn, "SELECT extract(epoch FROM expires_at - clock_timestamp()) FROM throttle.locks "
+                       "WHERE name = 'pm.lease'")
+    time.sleep(float(wait_s[0]) + 0.2 if wait_s else 0)
+    pm_token = one(conn, "SELECT throttle.lock('pm.lease', '10 seconds')")[0]
+    tap.ok(pm_token is not None and pm_token > pm_lease,
+           "after max_lease it is granted with a greater token", repr((pm_token, pm_lease)))
+    conn.close()
+
+    # A damaged fence file: a WARNING, and tokens continue above the old ones.
+    pg_ctlcluster("stop", "-m", "fast")
+    with open(os.path.join(data_dir, "pg_throttle.fence"), "r+b") as f:
+        f.seek(8)
+        f.write(b"\x00\x00\x00\x00")
+    pg_ctlcluster("start")
+    conn = reconnect()
+    tap.ok("ignoring damaged pg_throttle fence file" in server_log(), "a damaged fence file: a WARNING")
+    fresh = one(conn, "SELECT throttle.lock('fe.fresh', '1 second')")[0]
+    tap.ok(fresh is not None and fresh > pm_token, "and tokens still grow", repr((fresh, pm_token)))
     conn.close()
     tap.done()
 

@@ -1,6 +1,6 @@
 -- The installed SQL surface: objects, signatures, properties, documentation.
 BEGIN;
-SELECT plan(28);
+SELECT plan(31);
 
 SELECT has_schema('throttle');
 SELECT has_table('throttle', 'resource', 'catalog table throttle.resource');
@@ -21,6 +21,10 @@ SELECT has_function('throttle', 'unlock', ARRAY['text', 'bigint']);
 SELECT has_function('throttle', 'reset', ARRAY['text', 'text']);
 SELECT ok(NOT has_function_privilege('public', 'throttle.reset(text, text)', 'EXECUTE'),
     'only privileged roles may reset entries');
+SELECT has_function('throttle', 'checkpoint', ARRAY[]::text[]);
+SELECT function_returns('throttle', 'checkpoint', ARRAY[]::text[], 'bigint');
+SELECT ok(NOT has_function_privilege('public', 'throttle.checkpoint()', 'EXECUTE'),
+    'only privileged roles may write a checkpoint');
 SELECT has_function('throttle', 'renew', ARRAY['text', 'bigint', 'interval']);
 SELECT columns_are('throttle', 'locks',
     ARRAY['name', 'holder', 'holder_pid', 'granted_at', 'expires_at', 'session', 'token', 'waiters'],

@@ -1,0 +1,237 @@
+#include "pg/checkpoint.hpp"
+
+// state_file.hpp brings in src/core: before any PostgreSQL header.
+#include "pg/state_file.hpp"
+
+#include "pg/fence.hpp"
+#include "pg/registry.hpp"
+
+#include "pg/boundary.hpp"
+
+extern "C" {
+#include "access/xlog.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/fd.h"
+#include "utils/memutils.h"
+}
+
+namespace pg_throttle::pg {
+namespace {
+
+constexpr const char* kCheckpointFile = "pg_throttle.checkpoint";
+constexpr const char* kCheckpointTemp = "pg_throttle.checkpoint.tmp";
+constexpr const char* kTrancheName = "pg_throttle checkpoint";
+
+int interval_seconds = 10;
+
+struct CheckpointShared {
+    // Bumped by every invalidation: a checkpoint whose copy began before
+    // one is not moved into place.
+    uint64 generation;
+};
+static_assert(std::is_trivially_copyable_v<CheckpointShared>);
+
+CheckpointShared* shared = nullptr;
+LWLock* file_lock = nullptr;  // orders renames and invalidations
+
+struct Snapshot {
+    RegistryEntry* entries;
+    int64 count;
+    int64 capacity;
+};
+
+void collect_resource(const RegistryEntry& entry, void* ctx) {
+    auto* snapshot = static_cast<Snapshot*>(ctx);
+    if (static_cast<EntryKind>(entry.key.kind) != EntryKind::kResource) {
+        return;
+    }
+    if (snapshot->count == snapshot->capacity) {
+        snapshot->capacity *= 2;
+        snapshot->entries = static_cast<RegistryEntry*>(
+            repalloc_huge(snapshot->entries, snapshot->capacity * sizeof(RegistryEntry)));
+    }
+    snapshot->entries[snapshot->count++] = entry;
+}
+
+void emit_snapshot(EntryEmitter emit, void* file_ctx, void* source_ctx) {
+    const auto* snapshot = static_cast<const Snapshot*>(source_ctx);
+    for (int64 i = 0; i < snapshot->count; i++) {
+        emit(snapshot->entries[i], file_ctx);
+    }
+}
+
+struct RestoreCall {
+    core::Micros restart;
+    int64 restored;
+};
+
+bool restore_if_open(const RegistryEntry& entry, void* ctx) {
+    auto* call = static_cast<RestoreCall*>(ctx);
+    if (static_cast<EntryKind>(entry.key.kind) != EntryKind::kResource ||
+        entry.expires_at <= call->restart) {
+        return false;
+    }
+    if (!registry_restore(entry)) {
+        return false;
+    }
+    call->restored++;
+    return true;
+}
+
+void remove_file_durably(int elevel) {
+    if (unlink(kCheckpointFile) != 0) {
+        if (errno != ENOENT) {
+            ereport(elevel, (errcode_for_file_access(),
+                             errmsg("could not remove \"%s\": %m", kCheckpointFile)));
+        }
+        return;
+    }
+    fsync_fname(".", true);
+}
+
+Datum checkpoint_sql(FunctionCallInfo /*fcinfo*/) {
+    registry_require();
+    if (RecoveryInProgress()) {
+        ereport(ERROR, (errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+                        errmsg("cannot write a pg_throttle checkpoint during recovery")));
+    }
+    PG_RETURN_INT64(checkpoint_write());
+}
+
+}  // namespace
+
+void checkpoint_define_guc() {
+    DefineCustomIntVariable(
+        "pg_throttle.checkpoint_interval", "How often the registry's resources are checkpointed.",
+        "After a crash, resources granted before the last checkpoint come back exactly; 0 "
+        "turns the checkpoint off.",
+        &interval_seconds, 10, 0, 86400, PGC_SIGHUP, GUC_UNIT_S, nullptr, nullptr, nullptr);
+}
+
+void checkpoint_register_worker() {
+    BackgroundWorker worker{};
+    worker.bgw_flags = BGWORKER_SHMEM_ACCESS;
+    worker.bgw_start_time = BgWorkerStart_PostmasterStart;
+    worker.bgw_restart_time = 10;
+    strlcpy(worker.bgw_library_name, "pg_throttle", BGW_MAXLEN);
+    strlcpy(worker.bgw_function_name, "pg_throttle_checkpointer_main", BGW_MAXLEN);
+    strlcpy(worker.bgw_name, "pg_throttle checkpointer", BGW_MAXLEN);
+    strlcpy(worker.bgw_type, "pg_throttle checkpointer", BGW_MAXLEN);
+    RegisterBackgroundWorker(&worker);
+}
+
+void checkpoint_request_shmem() {
+    RequestAddinShmemSpace(MAXALIGN(sizeof(CheckpointShared)));
+    RequestNamedLWLockTranche(kTrancheName, 1);
+}
+
+void checkpoint_attach_shmem() {
+    bool found = false;
+    shared = static_cast<CheckpointShared*>(
+        ShmemInitStruct("pg_throttle checkpoint", sizeof(CheckpointShared), &found));
+    if (!found) {
+        shared->generation = 0;
+    }
+    file_lock = &GetNamedLWLockTranche(kTrancheName)[0].lock;
+}
+
+int64 checkpoint_write() {
+    registry_notice_promotion();  // never a checkpoint of what a standby granted
+    const uint64 generation = __atomic_load_n(&shared->generation, __ATOMIC_ACQUIRE);
+    const core::Micros now = GetCurrentTimestamp();
+    Snapshot snapshot{
+        static_cast<RegistryEntry*>(palloc_extended(64 * sizeof(RegistryEntry), MCXT_ALLOC_HUGE)),
+        0, 64};
+    registry_scan_all(now, collect_resource, &snapshot);
+    const StateFileInfo info{snapshot.count, fence_last(), now};
+    const bool written = state_file_write(kCheckpointTemp, info, emit_snapshot, &snapshot);
+    pfree(snapshot.entries);
+    if (!written) {
+        return -1;
+    }
+    LWLockAcquire(file_lock, LW_EXCLUSIVE);
+    if (__atomic_load_n(&shared->generation, __ATOMIC_ACQUIRE) == generation) {
+        (void)durable_rename(kCheckpointTemp, kCheckpointFile, LOG);
+    } else {
+        unlink(kCheckpointTemp);  // invalidated while it was being written
+    }
+    LWLockRelease(file_lock);
+    return info.entries;
+}
+
+void checkpoint_begin_forget() {
+    LWLockAcquire(file_lock, LW_EXCLUSIVE);
+    remove_file_durably(ERROR);
+}
+
+void checkpoint_end_forget() {
+    __atomic_add_fetch(&shared->generation, 1, __ATOMIC_ACQ_REL);
+    LWLockRelease(file_lock);
+}
+
+int64 checkpoint_restore(core::Micros restart) {
+    RestoreCall call{restart, 0};
+    StateFileInfo info{};
+    bool found = false;
+    const char* problem = state_file_read(kCheckpointFile, restore_if_open, &call, &info, &found);
+    if (problem != nullptr) {
+        ereport(WARNING,
+                (errmsg("ignoring pg_throttle checkpoint \"%s\": %s", kCheckpointFile, problem)));
+        return 0;
+    }
+    if (found) {
+        fence_raise_to(info.last_token);
+        ereport(LOG,
+                (errmsg("pg_throttle restored %lld resources from its checkpoint of %s",
+                        static_cast<long long>(call.restored), timestamptz_to_str(info.taken_at))));
+    }
+    return call.restored;
+}
+
+void checkpoint_discard() {
+    remove_file_durably(LOG);
+}
+
+}  // namespace pg_throttle::pg
+
+void pg_throttle_checkpointer_main(Datum /*arg*/) {
+    using namespace pg_throttle::pg;
+    pqsignal(SIGHUP, SignalHandlerForConfigReload);
+    pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
+    BackgroundWorkerUnblockSignals();
+    constexpr Size kKiB = 1024;
+    MemoryContext work = AllocSetContextCreate(TopMemoryContext, "pg_throttle checkpointer", 0,
+                                               8 * kKiB, 8 * kKiB * kKiB);
+    TimestampTz last_written = GetCurrentTimestamp();
+    for (;;) {
+        const long interval_ms = interval_seconds * 1000L;
+        long timeout_ms = 60000;
+        if (interval_ms > 0) {
+            const long since = static_cast<long>((GetCurrentTimestamp() - last_written) / 1000);
+            timeout_ms = std::max(1L, interval_ms - since);
+        }
+        (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, timeout_ms,
+                        PG_WAIT_EXTENSION);
+        ResetLatch(MyLatch);
+        if (ShutdownRequestPending != 0) {
+            proc_exit(0);
+        }
+        if (ConfigReloadPending != 0) {
+            ConfigReloadPending = 0;
+            ProcessConfigFile(PGC_SIGHUP);
+        }
+        const TimestampTz now = GetCurrentTimestamp();
+        if (interval_seconds > 0 && now - last_written >= interval_seconds * 1000000L) {
+            last_written = now;
+            if (!RecoveryInProgress()) {
+                MemoryContext previous = MemoryContextSwitchTo(work);
+                (void)checkpoint_write();
+                MemoryContextSwitchTo(previous);
+                MemoryContextReset(work);
+            }
+        }
+    }
+}
+
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_checkpoint, pg_throttle::pg::checkpoint_sql)

@@ -1,0 +1,139 @@
+#include "pg/state_file.hpp"
+
+extern "C" {
+#include "port/pg_crc32c.h"
+#include "storage/fd.h"
+}
+
+namespace pg_throttle::pg {
+namespace {
+
+constexpr uint32 kMagic = 0x50475448;  // "PGTH"
+constexpr uint32 kFormatVersion = 2;
+
+struct StateHeader {
+    uint32 magic;
+    uint32 format_version;
+    uint32 entry_size;
+    uint32 reserved;
+    int64 entries;
+    int64 last_token;
+    int64 taken_at;
+};
+static_assert(std::is_trivially_copyable_v<StateHeader>);
+
+struct WriteState {
+    FILE* file;
+    pg_crc32c crc;
+    int64 left;  // entries the header promised and not yet written
+    bool failed;
+};
+
+void write_bytes(WriteState* state, const void* data, size_t len) {
+    if (!state->failed && fwrite(data, 1, len, state->file) != len) {
+        state->failed = true;
+    }
+    COMP_CRC32C(state->crc, data, len);
+}
+
+void emit_entry(const RegistryEntry& entry, void* ctx) {
+    auto* state = static_cast<WriteState*>(ctx);
+    if (state->left <= 0) {
+        state->failed = true;  // more entries than counted
+        return;
+    }
+    state->left--;
+    write_bytes(state, &entry, sizeof entry);
+}
+
+}  // namespace
+
+bool state_file_write(const char* path, const StateFileInfo& info, EntrySource source,
+                      void* source_ctx) {
+    WriteState state{AllocateFile(path, PG_BINARY_W), 0, info.entries, false};
+    if (state.file == nullptr) {
+        ereport(LOG, (errcode_for_file_access(), errmsg("could not create \"%s\": %m", path)));
+        return false;
+    }
+    INIT_CRC32C(state.crc);
+    const StateHeader header{kMagic,       kFormatVersion,  sizeof(RegistryEntry), 0,
+                             info.entries, info.last_token, info.taken_at};
+    write_bytes(&state, &header, sizeof header);
+    source(emit_entry, &state, source_ctx);
+    FIN_CRC32C(state.crc);
+    if (!state.failed && fwrite(&state.crc, 1, sizeof state.crc, state.file) != sizeof state.crc) {
+        state.failed = true;
+    }
+    if (state.left != 0 || fflush(state.file) != 0 || pg_fsync(fileno(state.file)) != 0) {
+        state.failed = true;
+    }
+    if (FreeFile(state.file) != 0) {
+        state.failed = true;
+    }
+    if (state.failed) {
+        ereport(LOG, (errcode_for_file_access(), errmsg("could not write \"%s\": %m", path)));
+        unlink(path);
+        return false;
+    }
+    return true;
+}
+
+const char* state_file_read(const char* path, bool (*restore)(const RegistryEntry&, void*),
+                            void* ctx, StateFileInfo* info, bool* found) {
+    *found = false;
+    FILE* file = AllocateFile(path, PG_BINARY_R);
+    if (file == nullptr) {
+        return errno == ENOENT ? nullptr : "it could not be opened";
+    }
+    *found = true;
+    pg_crc32c crc = 0;
+    INIT_CRC32C(crc);
+    StateHeader header{};
+    const char* problem = nullptr;
+    if (fread(&header, 1, sizeof header, file) != sizeof header) {
+        problem = "it is truncated";
+    } else if (header.magic != kMagic) {
+        problem = "it is not a pg_throttle state file";
+    } else if (header.format_version != kFormatVersion ||
+               header.entry_size != sizeof(RegistryEntry)) {
+        problem = "it was written by another version of pg_throttle";
+    } else if (header.entries < 0) {
+        problem = "it is damaged";
+    }
+    COMP_CRC32C(crc, &header, sizeof header);
+    RegistryEntry entry;
+    for (int64 i = 0; problem == nullptr && i < header.entries; i++) {
+        if (fread(&entry, 1, sizeof entry, file) != sizeof entry) {
+            problem = "it is truncated";
+            break;
+        }
+        COMP_CRC32C(crc, &entry, sizeof entry);
+    }
+    if (problem == nullptr) {
+        FIN_CRC32C(crc);
+        pg_crc32c stored = 0;
+        if (fread(&stored, 1, sizeof stored, file) != sizeof stored) {
+            problem = "it is truncated";
+        } else if (!EQ_CRC32C(stored, crc)) {
+            problem = "its checksum does not match";
+        }
+    }
+    // Verified: read the entries again, this time into the registry.
+    if (problem == nullptr && fseek(file, sizeof header, SEEK_SET) != 0) {
+        problem = "it could not be re-read";
+    }
+    for (int64 i = 0; problem == nullptr && i < header.entries; i++) {
+        if (fread(&entry, 1, sizeof entry, file) != sizeof entry) {
+            problem = "it is truncated";
+        } else {
+            (void)restore(entry, ctx);
+        }
+    }
+    FreeFile(file);
+    if (problem == nullptr) {
+        *info = StateFileInfo{header.entries, header.last_token, header.taken_at};
+    }
+    return problem;
+}
+
+}  // namespace pg_throttle::pg

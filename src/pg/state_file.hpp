@@ -1,0 +1,32 @@
+// The registry file format, shared by the shutdown dump (pg_throttle.state)
+// and the periodic checkpoint (pg_throttle.checkpoint): a header with a magic
+// number, a format version, the entry size, the count, the fence counter and
+// the time it was taken; the entries; a CRC-32C of all of it.
+#pragma once
+
+// registry.hpp brings in src/core: before any PostgreSQL header.
+#include "pg/registry.hpp"
+
+namespace pg_throttle::pg {
+
+struct StateFileInfo {
+    int64 entries;
+    int64 last_token;
+    core::Micros taken_at;  // real clock
+};
+
+// Writes `info.entries` entries, produced by `source` calling `emit` for
+// each, to `path` and fsyncs it. Returns false (logged at LOG) on failure,
+// leaving no file behind.
+using EntryEmitter = void (*)(const RegistryEntry& entry, void* file_ctx);
+using EntrySource = void (*)(EntryEmitter emit, void* file_ctx, void* source_ctx);
+bool state_file_write(const char* path, const StateFileInfo& info, EntrySource source,
+                      void* source_ctx);
+
+// Reads `path`: checks the whole file first, then calls `restore` for each
+// entry. Returns nullptr when the file was read (or is absent: `*found`
+// false), or why it was not used.
+const char* state_file_read(const char* path, bool (*restore)(const RegistryEntry&, void*),
+                            void* ctx, StateFileInfo* info, bool* found);
+
+}  // namespace pg_throttle::pg
