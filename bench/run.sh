@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# make bench: pg_throttle against SELECT 1 and the SQL recipes, on a throwaway
-# cluster, with pgbench (prepared protocol). Rounds are interleaved so that
-# drift hits every contender alike; the table reports the median round.
+# make bench: pg_throttle against SELECT 1, the SQL recipes and Redis, on a
+# throwaway cluster, with pgbench (prepared protocol) and redis-benchmark.
+# Rounds are interleaved so that drift hits every contender alike; the table
+# reports the median round.
 #   BENCH_SECONDS (5)  BENCH_ROUNDS (3)  BENCH_CLIENTS (8)  BENCH_THREADS (2)
-# Then bench/queue.sh: the event queue against its SQL recipe.
+# Then bench/queue.sh (the event queue against its SQL recipe) and
+# bench/scale.sh (1 000 000 live keys: memory per entry and throughput).
 set -euo pipefail
 source "$(dirname "$0")/../scripts/lib.sh"
 
 if [ "${1:-}" != "--inside" ]; then
-    install_missing_packages bc
+    install_missing_packages bc redis-server
     build_and_install
-    exec pg_virtualenv -t -o shared_preload_libraries=pg_throttle -o max_connections=100 -o pg_throttle.max_entries=300000 \
+    pg_virtualenv -t -o shared_preload_libraries=pg_throttle -o max_connections=100 -o pg_throttle.max_entries=300000 \
         -o shared_buffers=256MB "$0" --inside
+    exec bash "$ROOT/bench/scale.sh"
 fi
 
 cd "$ROOT/bench"
@@ -20,6 +23,9 @@ ROUNDS=${BENCH_ROUNDS:-3}
 CLIENTS=${BENCH_CLIENTS:-8}
 THREADS=${BENCH_THREADS:-2}
 out=$(mktemp -d)
+source "$ROOT/bench/redis.sh"
+start_redis "$out"
+trap stop_redis EXIT
 
 psql -qX -v ON_ERROR_STOP=1 -f setup.sql
 # The 100 000 resources exist before the runs: every call is a lookup of a live key.
@@ -33,9 +39,13 @@ psql -qX -v ON_ERROR_STOP=1 -c \
 mapfile -t scripts < <(grep -v '^#' contenders.txt | awk '{print $1}')
 for round in $(seq 1 "$ROUNDS"); do
     for script in "${scripts[@]}"; do
-        tps=$(pgbench -n -M prepared -c "$CLIENTS" -j "$THREADS" -T "$SECONDS_PER_RUN" \
-            -f "scripts/$script.sql" 2>/dev/null |
-            sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p')
+        if [[ $script == redis_* ]]; then
+            tps=$(run_redis "$script" "$SECONDS_PER_RUN" "$CLIENTS" "$THREADS")
+        else
+            tps=$(pgbench -n -M prepared -c "$CLIENTS" -j "$THREADS" -T "$SECONDS_PER_RUN" \
+                -f "scripts/$script.sql" 2>/dev/null |
+                sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p')
+        fi
         echo "$tps" >>"$out/$script"
         printf 'round %d  %-22s %12.0f tps\n' "$round" "$script" "$tps" >&2
     done
@@ -56,6 +66,10 @@ grep -v '^#' contenders.txt | while read -r script label; do
     hi=$(sort -g "$out/$script" | tail -1)
     printf '| %s | %.0f | %.2f | %.0f – %.0f |\n' "$label" "$m" "$(echo "$m / $base" | bc -l)" "$lo" "$hi"
 done
+echo
+echo "Redis $(redis-server --version | sed -n 's/.*v=\([0-9.]*\).*/\1/p'): redis-benchmark, $CLIENTS clients, $THREADS threads, no pipelining," \
+    "loopback TCP, like pgbench; $redis_keys keys preloaded, $redis_bytes_per_key bytes of used_memory per key."
+stop_redis
 rm -rf "$out"
 
 bash "$ROOT/bench/queue.sh"

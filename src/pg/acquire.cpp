@@ -6,6 +6,7 @@
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
 #include "pg/catalog.hpp"
+#include "pg/checkpoint.hpp"
 #include "pg/clock.hpp"
 #include "pg/holder.hpp"
 #include "pg/registry.hpp"
@@ -53,6 +54,7 @@ void acquire_apply_exclusive(RegistryEntry* entry, bool created, void* ctx) {
     }
     entry->granted_at = decision.window.granted_at;
     entry->expires_at = decision.window.closes_at;
+    checkpoint_note_resource_grant();
     __atomic_fetch_add(&entry->grants, 1, __ATOMIC_RELAXED);
     entry->holder_pid = MyProcPid;
     memcpy(entry->holder, call->holder->text, sizeof entry->holder);

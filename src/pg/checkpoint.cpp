@@ -29,6 +29,9 @@ struct CheckpointShared {
     // Bumped by every invalidation: a checkpoint whose copy began before
     // one is not moved into place.
     uint64 generation;
+    // A resource was granted (or the registry restored, or a checkpoint
+    // deleted) since the last checkpoint was copied.
+    bool changed;
 };
 static_assert(std::is_trivially_copyable_v<CheckpointShared>);
 
@@ -41,17 +44,15 @@ struct Snapshot {
     int64 capacity;
 };
 
+// Under every partition's shared lock: no allocation here. Resources beyond
+// the capacity (entries added since it was sized) are left out: after a
+// crash they fall under the crash rule, which is safe.
 void collect_resource(const RegistryEntry& entry, void* ctx) {
     auto* snapshot = static_cast<Snapshot*>(ctx);
-    if (static_cast<EntryKind>(entry.key.kind) != EntryKind::kResource) {
-        return;
+    if (static_cast<EntryKind>(entry.key.kind) == EntryKind::kResource &&
+        snapshot->count < snapshot->capacity) {
+        snapshot->entries[snapshot->count++] = entry;
     }
-    if (snapshot->count == snapshot->capacity) {
-        snapshot->capacity *= 2;
-        snapshot->entries = static_cast<RegistryEntry*>(
-            repalloc_huge(snapshot->entries, snapshot->capacity * sizeof(RegistryEntry)));
-    }
-    snapshot->entries[snapshot->count++] = entry;
 }
 
 void emit_snapshot(EntryEmitter emit, void* file_ctx, void* source_ctx) {
@@ -96,7 +97,7 @@ Datum checkpoint_sql(FunctionCallInfo /*fcinfo*/) {
         ereport(ERROR, (errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
                         errmsg("cannot write a pg_throttle checkpoint during recovery")));
     }
-    PG_RETURN_INT64(checkpoint_write());
+    PG_RETURN_INT64(checkpoint_write(false));
 }
 
 }  // namespace
@@ -132,22 +133,37 @@ void checkpoint_attach_shmem() {
         ShmemInitStruct("pg_throttle checkpoint", sizeof(CheckpointShared), &found));
     if (!found) {
         shared->generation = 0;
+        shared->changed = true;  // whatever the start restored is new to the checkpoint
     }
     file_lock = &GetNamedLWLockTranche(kTrancheName)[0].lock;
 }
 
-int64 checkpoint_write() {
+void checkpoint_note_resource_grant() {
+    if (!__atomic_load_n(&shared->changed, __ATOMIC_RELAXED)) {
+        __atomic_store_n(&shared->changed, true, __ATOMIC_RELEASE);
+    }
+}
+
+int64 checkpoint_write(bool only_if_changed) {
     registry_notice_promotion();  // never a checkpoint of what a standby granted
+    const bool changed = __atomic_exchange_n(&shared->changed, false, __ATOMIC_ACQ_REL);
+    if (only_if_changed && !changed) {
+        return -1;
+    }
     const uint64 generation = __atomic_load_n(&shared->generation, __ATOMIC_ACQUIRE);
     const core::Micros now = GetCurrentTimestamp();
-    Snapshot snapshot{
-        static_cast<RegistryEntry*>(palloc_extended(64 * sizeof(RegistryEntry), MCXT_ALLOC_HUGE)),
-        0, 64};
+    // Sized before the locks are taken, with room for entries added meanwhile.
+    const int64 count = registry_entry_count();
+    const int64 capacity = count + count / 8 + 64;
+    Snapshot snapshot{static_cast<RegistryEntry*>(palloc_extended(
+                          static_cast<Size>(capacity) * sizeof(RegistryEntry), MCXT_ALLOC_HUGE)),
+                      0, capacity};
     registry_scan_all(now, collect_resource, &snapshot);
     const StateFileInfo info{snapshot.count, fence_last(), now};
     const bool written = state_file_write(kCheckpointTemp, info, emit_snapshot, &snapshot);
     pfree(snapshot.entries);
     if (!written) {
+        checkpoint_note_resource_grant();  // try again next time
         return -1;
     }
     LWLockAcquire(file_lock, LW_EXCLUSIVE);
@@ -167,6 +183,7 @@ void checkpoint_begin_forget() {
 
 void checkpoint_end_forget() {
     __atomic_add_fetch(&shared->generation, 1, __ATOMIC_ACQ_REL);
+    checkpoint_note_resource_grant();  // the deleted checkpoint's resources need a new one
     LWLockRelease(file_lock);
 }
 
@@ -226,7 +243,7 @@ void pg_throttle_checkpointer_main(Datum /*arg*/) {
             last_written = now;
             if (!RecoveryInProgress()) {
                 MemoryContext previous = MemoryContextSwitchTo(work);
-                (void)checkpoint_write();
+                (void)checkpoint_write(true);
                 MemoryContextSwitchTo(previous);
                 MemoryContextReset(work);
             }

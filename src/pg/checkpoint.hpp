@@ -27,8 +27,13 @@ void checkpoint_register_worker();
 void checkpoint_request_shmem();
 void checkpoint_attach_shmem();
 
+// A resource was granted: the next checkpoint has something new to write.
+// (One shared flag, written only when it changes: no contended store per call.)
+void checkpoint_note_resource_grant();
+
 // Writes a checkpoint now (no LWLock held). Returns the resources written.
-int64 checkpoint_write();
+// `only_if_changed`: skips it (-1) when no resource was granted since the last.
+int64 checkpoint_write(bool only_if_changed);
 
 // Around a change that a checkpoint must not outlive (throttle.reset):
 // begin deletes the checkpoint (an error if it cannot) and keeps a new one

@@ -293,6 +293,10 @@ bool registry_restore(const RegistryEntry& saved) {
     return true;
 }
 
+int64 registry_entry_count() {
+    return hash_get_num_entries(registry);
+}
+
 bool registry_remove(const RegistryKey& key) {
     registry_notice_promotion();
     const uint32 hash = get_hash_value(registry, &key);

@@ -117,6 +117,9 @@ void registry_mark_unknown_since(core::Micros restart);
 std::optional<core::Micros> registry_unknown_since();
 core::Micros registry_max_lease();
 
+// How many entries the registry holds (live or not yet reclaimed).
+int64 registry_entry_count();
+
 // Drops the entry of `key` if there is one; returns whether there was.
 bool registry_remove(const RegistryKey& key);
 
