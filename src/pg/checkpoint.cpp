@@ -1,9 +1,8 @@
 #include "pg/checkpoint.hpp"
 
-// state_file.hpp brings in src/core: before any PostgreSQL header.
-#include "pg/state_file.hpp"
+// checkpoint_file.hpp brings in src/core: before any PostgreSQL header.
+#include "pg/checkpoint_file.hpp"
 
-#include "pg/fence.hpp"
 #include "pg/registry.hpp"
 
 #include "pg/boundary.hpp"
@@ -38,27 +37,13 @@ static_assert(std::is_trivially_copyable_v<CheckpointShared>);
 CheckpointShared* shared = nullptr;
 LWLock* file_lock = nullptr;  // orders renames and invalidations
 
-struct Snapshot {
-    RegistryEntry* entries;
-    int64 count;
-    int64 capacity;
-};
+// Bytes per record this process expects, from its last checkpoint: the
+// buffer is sized (and touched) before the registry's locks are taken.
+size_t bytes_per_record = 96;
 
-// Under every partition's shared lock: no allocation here. Resources beyond
-// the capacity (entries added since it was sized) are left out: after a
-// crash they fall under the crash rule, which is safe.
 void collect_resource(const RegistryEntry& entry, void* ctx) {
-    auto* snapshot = static_cast<Snapshot*>(ctx);
-    if (static_cast<EntryKind>(entry.key.kind) == EntryKind::kResource &&
-        snapshot->count < snapshot->capacity) {
-        snapshot->entries[snapshot->count++] = entry;
-    }
-}
-
-void emit_snapshot(EntryEmitter emit, void* file_ctx, void* source_ctx) {
-    const auto* snapshot = static_cast<const Snapshot*>(source_ctx);
-    for (int64 i = 0; i < snapshot->count; i++) {
-        emit(snapshot->entries[i], file_ctx);
+    if (static_cast<EntryKind>(entry.key.kind) == EntryKind::kResource) {
+        record_buffer_add(static_cast<RecordBuffer*>(ctx), entry);
     }
 }
 
@@ -67,17 +52,11 @@ struct RestoreCall {
     int64 restored;
 };
 
-bool restore_if_open(const RegistryEntry& entry, void* ctx) {
+void restore_if_open(const RegistryEntry& entry, void* ctx) {
     auto* call = static_cast<RestoreCall*>(ctx);
-    if (static_cast<EntryKind>(entry.key.kind) != EntryKind::kResource ||
-        entry.expires_at <= call->restart) {
-        return false;
+    if (entry.expires_at > call->restart && registry_restore(entry)) {
+        call->restored++;
     }
-    if (!registry_restore(entry)) {
-        return false;
-    }
-    call->restored++;
-    return true;
 }
 
 void remove_file_durably(int elevel) {
@@ -154,14 +133,27 @@ int64 checkpoint_write(bool only_if_changed) {
     const core::Micros now = GetCurrentTimestamp();
     // Sized before the locks are taken, with room for entries added meanwhile.
     const int64 count = registry_entry_count();
-    const int64 capacity = count + count / 8 + 64;
-    Snapshot snapshot{static_cast<RegistryEntry*>(palloc_extended(
-                          static_cast<Size>(capacity) * sizeof(RegistryEntry), MCXT_ALLOC_HUGE)),
-                      0, capacity};
-    registry_scan_all(now, collect_resource, &snapshot);
-    const StateFileInfo info{snapshot.count, fence_last(), now};
-    const bool written = state_file_write(kCheckpointTemp, info, emit_snapshot, &snapshot);
-    pfree(snapshot.entries);
+    RecordBuffer buffer{};
+    record_buffer_init(&buffer, count + count / 8 + 64, bytes_per_record);
+    const TimestampTz scan_started = GetCurrentTimestamp();
+    registry_scan_all(now, collect_resource, &buffer);
+    const TimestampTz copied = GetCurrentTimestamp();
+    const bool written = checkpoint_file_write(kCheckpointTemp, buffer, now);
+    ereport(DEBUG1, (errmsg("pg_throttle checkpoint: %lld resources copied in %.1f ms (under the "
+                            "registry's shared locks), %zu bytes written in %.1f ms",
+                            static_cast<long long>(buffer.count), (copied - scan_started) / 1000.0,
+                            buffer.used, (GetCurrentTimestamp() - copied) / 1000.0)));
+    if (buffer.count > 0) {
+        bytes_per_record = std::max<size_t>(64, buffer.used / buffer.count * 5 / 4);
+    }
+    if (buffer.left_out > 0) {
+        // They fall under the crash rule until the next checkpoint, which has room.
+        ereport(LOG, (errmsg("pg_throttle checkpoint left out %lld resources",
+                             static_cast<long long>(buffer.left_out))));
+        bytes_per_record *= 2;
+        checkpoint_note_resource_grant();
+    }
+    pfree(buffer.data);
     if (!written) {
         checkpoint_note_resource_grant();  // try again next time
         return -1;
@@ -173,7 +165,7 @@ int64 checkpoint_write(bool only_if_changed) {
         unlink(kCheckpointTemp);  // invalidated while it was being written
     }
     LWLockRelease(file_lock);
-    return info.entries;
+    return buffer.count;
 }
 
 void checkpoint_begin_forget() {
@@ -189,19 +181,18 @@ void checkpoint_end_forget() {
 
 int64 checkpoint_restore(core::Micros restart) {
     RestoreCall call{restart, 0};
-    StateFileInfo info{};
+    core::Micros taken_at = 0;
     bool found = false;
-    const char* problem = state_file_read(kCheckpointFile, restore_if_open, &call, &info, &found);
+    const char* problem =
+        checkpoint_file_read(kCheckpointFile, restore_if_open, &call, &taken_at, &found);
     if (problem != nullptr) {
         ereport(WARNING,
                 (errmsg("ignoring pg_throttle checkpoint \"%s\": %s", kCheckpointFile, problem)));
         return 0;
     }
     if (found) {
-        fence_raise_to(info.last_token);
-        ereport(LOG,
-                (errmsg("pg_throttle restored %lld resources from its checkpoint of %s",
-                        static_cast<long long>(call.restored), timestamptz_to_str(info.taken_at))));
+        ereport(LOG, (errmsg("pg_throttle restored %lld resources from its checkpoint of %s",
+                             static_cast<long long>(call.restored), timestamptz_to_str(taken_at))));
     }
     return call.restored;
 }
