@@ -91,7 +91,7 @@ def one(conn, sql, params=None):
 
 
 def main():
-    tap = Tap(37)
+    tap = Tap(39)
     conn = session()
     one(conn, "CREATE EXTENSION IF NOT EXISTS pg_throttle; SELECT 1")
     data_dir = one(conn, "SHOW data_directory")[0]
@@ -118,6 +118,15 @@ def main():
     tap.ok(after_token > max(lease, session_lock), "new tokens stay above every token before the restart")
     tap.is_(one(conn, "SELECT count(*) FROM throttle.status")[0], before,
             "status shows the same entries")
+    conn.close()
+
+    # A smart shutdown (waits for sessions to end) keeps it all the same way.
+    pg_ctlcluster("restart", "-m", "smart")
+    conn = session()
+    tap.is_(one(conn, "SELECT remaining FROM throttle.take('rs.bucket', 10, '1 second', 10, 0)")[0], 3,
+            "after a smart restart the bucket's level is still exactly 3")
+    tap.is_(one(conn, "SELECT token FROM throttle.locks WHERE name = 'rs.lease'")[0], lease,
+            "and the lease keeps its token")
     conn.close()
 
     # A damaged file: a WARNING in the log, an empty registry, a running server.
