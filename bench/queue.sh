@@ -6,8 +6,7 @@
 # cluster bench/run.sh starts.   BENCH_CLIENTS (8)  BENCH_THREADS (2)
 set -euo pipefail
 cd "$(dirname "$0")"
-CLIENTS=${BENCH_CLIENTS:-8}
-THREADS=${BENCH_THREADS:-2}
+source ./common.sh
 psql -qX -v ON_ERROR_STOP=1 -f queue_setup.sql
 
 fill() {  # fill N: N due events, 10 per group, in both queues

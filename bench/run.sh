@@ -18,10 +18,7 @@ if [ "${1:-}" != "--inside" ]; then
 fi
 
 cd "$ROOT/bench"
-SECONDS_PER_RUN=${BENCH_SECONDS:-5}
-ROUNDS=${BENCH_ROUNDS:-3}
-CLIENTS=${BENCH_CLIENTS:-8}
-THREADS=${BENCH_THREADS:-2}
+source "$ROOT/bench/common.sh"
 out=$(mktemp -d)
 source "$ROOT/bench/redis.sh"
 start_redis "$out"
@@ -42,16 +39,13 @@ for round in $(seq 1 "$ROUNDS"); do
         if [[ $script == redis_* ]]; then
             tps=$(run_redis "$script" "$SECONDS_PER_RUN" "$CLIENTS" "$THREADS")
         else
-            tps=$(pgbench -n -M prepared -c "$CLIENTS" -j "$THREADS" -T "$SECONDS_PER_RUN" \
-                -f "scripts/$script.sql" 2>/dev/null |
-                sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p')
+            tps=$(tps "scripts/$script.sql")
         fi
         echo "$tps" >>"$out/$script"
         printf 'round %d  %-22s %12.0f tps\n' "$round" "$script" "$tps" >&2
     done
 done
 
-median() { sort -g "$1" | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 base=$(median "$out/select1")
 echo
 echo "pgbench -M prepared, $CLIENTS clients, $THREADS threads, $ROUNDS interleaved rounds of ${SECONDS_PER_RUN} s;"

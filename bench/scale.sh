@@ -15,10 +15,7 @@ if [ "${1:-}" != "--inside" ]; then
 fi
 
 cd "$ROOT/bench"
-SECONDS_PER_RUN=${BENCH_SECONDS:-5}
-ROUNDS=${BENCH_ROUNDS:-3}
-CLIENTS=${BENCH_CLIENTS:-8}
-THREADS=${BENCH_THREADS:-2}
+source "$ROOT/bench/common.sh"
 out=$(mktemp -d)
 
 # Shared memory the server asks for, as PostgreSQL computes it (postgres -C
@@ -61,14 +58,12 @@ contenders=(
 for round in $(seq 1 "$ROUNDS"); do
     for c in "${contenders[@]}"; do
         IFS='|' read -r name script _ <<<"$c"
-        tps=$(pgbench -n -M prepared -c "$CLIENTS" -j "$THREADS" -T "$SECONDS_PER_RUN" -f "$script" \
-            2>/dev/null | sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p')
+        tps=$(tps "$script")
         echo "$tps" >>"$out/$name"
         printf 'round %d  %-14s %12.0f tps\n' "$round" "$name" "$tps" >&2
     done
 done
 
-median() { sort -g "$1" | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 echo
 echo "Scale: $live live registry entries ($KEYS resources + $KEYS buckets, filled in" \
     "$(echo "$filled - $started" | bc -l | xargs printf '%.1f') s); pg_throttle.max_entries = $ENTRIES."

@@ -11,14 +11,8 @@ import time
 import psycopg2
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pgconn import connect, pgbench  # noqa: E402
+from pgconn import connect, one, pgbench  # noqa: E402
 from tap import Tap  # noqa: E402
-
-
-def one(conn, sql, params=None):
-    with conn.cursor() as cur:
-        cur.execute(sql, params)
-        return cur.fetchone()
 
 
 def run(conn, sql, params=None):

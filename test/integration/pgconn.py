@@ -40,3 +40,10 @@ def pgbench(script, seconds, clients):
     processed = int(re.search(r"number of transactions actually processed: (\d+)", out).group(1))
     failed = re.search(r"number of failed transactions: (\d+)", out)
     return processed, int(failed.group(1)) if failed else 0
+
+
+def one(conn, sql, params=None):
+    """Runs `sql`; returns its first row (None when it returns none)."""
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchone()

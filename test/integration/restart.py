@@ -17,7 +17,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pgconn import connect  # noqa: E402
+from crash_rules import check_nothing_granted_twice, grant_before  # noqa: E402
+from pgconn import connect, one  # noqa: E402
 from tap import Tap  # noqa: E402
 
 CLOCK = "2039-01-01 00:00:00+00"
@@ -82,12 +83,6 @@ def gone(pid):
 def execute(conn, sql):
     with conn.cursor() as cur:
         cur.execute(sql)
-
-
-def one(conn, sql, params=None):
-    with conn.cursor() as cur:
-        cur.execute(sql, params)
-        return cur.fetchone()
 
 
 def main():
@@ -155,25 +150,16 @@ def main():
     tap.ok(wait_for_checkpoint(checkpoint, "ck.early"), "the background worker writes a checkpoint")
     execute(real, "ALTER SYSTEM RESET pg_throttle.checkpoint_interval")
     one(real, "SELECT pg_reload_conf()")
-    tap.ok(one(real, "SELECT throttle.acquire('cr.job', '1 hour')")[0], "real clock: resource granted")
-    one(real, "SELECT * FROM throttle.take('cr.bucket', 10, '1 minute', 10, 10)")
     tokens_before = [one(real, "SELECT throttle.lock('cr.t%s', '10 seconds')" % i)[0] for i in range(5)]
-    crash_lease = one(real, "SELECT throttle.lock('cr.lease', '10 seconds')")[0]
+    crash_lease = grant_before(tap, real, "cr")
     os.kill(one(real, "SELECT pg_backend_pid()")[0], signal.SIGKILL)
     real.close()
     conn = reconnect()
     tap.ok(conn is not None, "the server came back after the crash")
-    tap.ok(not one(conn, "SELECT throttle.acquire('cr.job', '1 hour')")[0],
-           "after a crash the resource is not granted again within its interval")
-    tap.ok(not one(conn, "SELECT throttle.acquire('cr.unknown', '1 hour')")[0],
-           "a resource not known since the crash counts as granted at the restart")
+    check_nothing_granted_twice(tap, conn, "cr", "a backend crash")
     tap.is_(next_grant(conn, "ck.early"), early,
             "a resource in the last checkpoint comes back exactly (not restart + 1 hour)")
     tap.ok("resources from its checkpoint" in server_log(), "the log says what the checkpoint restored")
-    tap.ok(not one(conn, "SELECT allowed FROM throttle.take('cr.bucket', 10, '1 minute', 10)")[0],
-           "the bucket allows no more than it did before the crash (it starts empty)")
-    tap.ok(one(conn, "SELECT throttle.lock('cr.lease', '10 seconds')")[0] is None,
-           "the lease is not handed to a second holder")
     wait_s = one(conn, "SELECT extract(epoch FROM expires_at - clock_timestamp()) FROM throttle.locks "
                        "WHERE name = 'cr.lease' AND holder LIKE '[unknown%%'")
     tap.ok(wait_s is not None and 0 < float(wait_s[0]) <= 10,
@@ -199,9 +185,7 @@ def main():
     time.sleep(0.01)
     tap.ok(one(conn, "SELECT throttle.acquire('ck.reset', '1 hour')")[0], "after the reset it is granted again")
     regranted = next_grant(conn, "ck.reset")
-    tap.ok(one(conn, "SELECT throttle.acquire('pm.job', '1 hour')")[0], "resource granted before the kill")
-    one(conn, "SELECT * FROM throttle.take('pm.bucket', 10, '1 minute', 10, 10)")
-    pm_lease = one(conn, "SELECT throttle.lock('pm.lease', '10 seconds')")[0]
+    pm_lease = grant_before(tap, conn, "pm")
     with open(os.path.join(data_dir, "postmaster.pid")) as f:
         postmaster = int(f.readline())
     os.kill(postmaster, signal.SIGKILL)
@@ -220,19 +204,12 @@ def main():
     pg_ctlcluster("start")
     conn = reconnect()
     tap.ok(conn is not None, "the server starts after its postmaster was killed")
-    tap.ok(not one(conn, "SELECT throttle.acquire('pm.job', '1 hour')")[0],
-           "the resource is not granted again within its interval")
-    tap.ok(not one(conn, "SELECT throttle.acquire('pm.unknown', '1 hour')")[0],
-           "an unknown resource counts as granted at the restart")
-    tap.ok(not one(conn, "SELECT allowed FROM throttle.take('pm.bucket', 10, '1 minute', 10)")[0],
-           "the bucket allows nothing more")
+    check_nothing_granted_twice(tap, conn, "pm", "a postmaster kill")
     tap.ok(not one(conn, "SELECT throttle.acquire('ck.reset', '1 hour')")[0],
            "a resource reset and granted again stays taken")
     after_reset = next_grant(conn, "ck.reset")
     tap.ok(after_reset is None or after_reset >= regranted,
            "and not from the checkpoint taken before the reset", repr((after_reset, regranted)))
-    tap.ok(one(conn, "SELECT throttle.lock('pm.lease', '10 seconds')")[0] is None,
-           "the lease is not handed to a second holder")
     wait_s = one(conn, "SELECT extract(epoch FROM expires_at - clock_timestamp()) FROM throttle.locks "
                        "WHERE name = 'pm.lease'")
     time.sleep(float(wait_s[0]) + 0.2 if wait_s else 0)
