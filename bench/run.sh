@@ -37,7 +37,7 @@ mapfile -t scripts < <(grep -v '^#' contenders.txt | awk '{print $1}')
 for round in $(seq 1 "$ROUNDS"); do
     for script in "${scripts[@]}"; do
         if [[ $script == redis_* ]]; then
-            tps=$(run_redis "$script" "$SECONDS_PER_RUN" "$CLIENTS" "$THREADS")
+            tps=$(run_redis "$script" "$SECONDS_PER_RUN" "$CLIENTS")
         else
             tps=$(tps "scripts/$script.sql")
         fi
@@ -61,7 +61,7 @@ grep -v '^#' contenders.txt | while read -r script label; do
     printf '| %s | %.0f | %.2f | %.0f – %.0f |\n' "$label" "$m" "$(echo "$m / $base" | bc -l)" "$lo" "$hi"
 done
 echo
-echo "Redis $(redis-server --version | sed -n 's/.*v=\([0-9.]*\).*/\1/p'): redis-benchmark, $CLIENTS clients, $THREADS threads, no pipelining," \
+echo "Redis $(redis-server --version | sed -n 's/.*v=\([0-9.]*\).*/\1/p'): redis-benchmark, $CLIENTS clients (one event loop), no pipelining," \
     "loopback TCP, like pgbench; $redis_keys keys preloaded, $redis_bytes_per_key bytes of used_memory per key."
 stop_redis
 rm -rf "$out"
