@@ -4,7 +4,8 @@ leases and fence tokens; a damaged state file is survived with a WARNING; a
 crash (a backend killed with SIGKILL, then the postmaster killed with
 SIGKILL) breaks no promise; the periodic checkpoint brings resources back
 exactly after a crash, and a reset is never undone by one; a damaged fence
-file is survived with a WARNING and tokens still grow.
+file is survived with a WARNING and tokens still grow; so is a damaged
+checkpoint.
 
 Restarts the cluster this suite runs against (pg_ctlcluster, as set up by
 pg_virtualenv), so it runs on a cluster of its own.
@@ -86,7 +87,7 @@ def execute(conn, sql):
 
 
 def main():
-    tap = Tap(39)
+    tap = Tap(43)
     conn = session()
     one(conn, "CREATE EXTENSION IF NOT EXISTS pg_throttle; SELECT 1")
     data_dir = one(conn, "SHOW data_directory")[0]
@@ -228,6 +229,19 @@ def main():
     tap.ok("ignoring damaged pg_throttle fence file" in server_log(), "a damaged fence file: a WARNING")
     fresh = one(conn, "SELECT throttle.lock('fe.fresh', '1 second')")[0]
     tap.ok(fresh is not None and fresh > pm_token, "and tokens still grow", repr((fresh, pm_token)))
+
+    # A damaged checkpoint: a WARNING, and the crash rules alone still hold.
+    tap.ok(one(conn, "SELECT throttle.acquire('dc.job', '1 hour')")[0], "resource granted before")
+    tap.is_(one(conn, "SELECT throttle.checkpoint() >= 1")[0], True, "and checkpointed")
+    with open(checkpoint, "r+b") as f:
+        f.seek(48)
+        f.write(b"\xff\xff\xff\xff")
+    os.kill(one(conn, "SELECT pg_backend_pid()")[0], signal.SIGKILL)
+    conn.close()
+    conn = reconnect()
+    tap.ok("ignoring pg_throttle checkpoint" in server_log(), "a damaged checkpoint: a WARNING")
+    tap.ok(not one(conn, "SELECT throttle.acquire('dc.job', '1 hour')")[0],
+           "and the resource is still not granted again (the crash rule)")
     conn.close()
     tap.done()
 
