@@ -15,7 +15,7 @@ PACKAGES=(
     "postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR" "postgresql-$PG_MAJOR-pgtap"
     postgresql-common postgresql-client-common libkrb5-dev
     libtap-parser-sourcehandler-pgtap-perl libgtest-dev
-    clang-format clang-tidy cmake
+    clang-format clang-tidy cmake procps
 )
 
 install_missing_packages() {
