@@ -7,7 +7,7 @@ PG_SRCS   = src/pg/module.cpp src/pg/boundary.cpp src/pg/clock.cpp src/pg/regist
             src/pg/arguments.cpp src/pg/holder.cpp src/pg/catalog.cpp \
             src/pg/acquire.cpp src/pg/status.cpp src/pg/bucket.cpp src/pg/rate.cpp src/pg/wait.cpp \
             src/pg/fence.cpp src/pg/lock_waiters.cpp src/pg/locks.cpp src/pg/clock_sql.cpp \
-            src/pg/persistence.cpp src/pg/reset.cpp src/pg/state_file.cpp src/pg/checkpoint.cpp src/pg/checkpoint_file.cpp
+            src/pg/persistence.cpp src/pg/reset.cpp src/pg/state_file.cpp src/pg/checkpoint.cpp src/pg/checkpoint_file.cpp src/pg/durable_file.cpp
 
 MODULE_big = pg_throttle
 OBJS       = $(CORE_SRCS:.cpp=.o) $(PG_SRCS:.cpp=.o)

@@ -15,3 +15,9 @@ tps() {
 median() {
     sort -g "$1" | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
 }
+
+# fill_keys N CALL: runs CALL (an SQL boolean expression of g) for g = 1..N in one
+# statement, so that N keys are in the registry before the runs.
+fill_keys() {
+    psql -qX -v ON_ERROR_STOP=1 -c "SELECT count(*) FROM generate_series(1, $1) AS g WHERE $2" >/dev/null
+}

@@ -26,12 +26,8 @@ trap stop_redis EXIT
 
 psql -qX -v ON_ERROR_STOP=1 -f setup.sql
 # The 100 000 resources exist before the runs: every call is a lookup of a live key.
-psql -qX -v ON_ERROR_STOP=1 -c \
-    "SELECT count(*) FROM generate_series(1, 100000) AS g WHERE throttle.acquire('bench.key.' || g, '1 hour')" \
-    >/dev/null
-psql -qX -v ON_ERROR_STOP=1 -c \
-    "SELECT count(*) FROM generate_series(1, 100000) AS g WHERE throttle.allow('bench.bucket.' || g, 10, '1 second', 10)" \
-    >/dev/null
+fill_keys 100000 "throttle.acquire('bench.key.' || g, '1 hour')"
+fill_keys 100000 "throttle.allow('bench.bucket.' || g, 10, '1 second', 10)"
 
 mapfile -t scripts < <(grep -v '^#' contenders.txt | awk '{print $1}')
 for round in $(seq 1 "$ROUNDS"); do

@@ -34,12 +34,8 @@ pg_ctlcluster "$PGVERSION" regress start
 
 psql -qX -v ON_ERROR_STOP=1 -c "CREATE EXTENSION IF NOT EXISTS pg_throttle"
 started=$(date +%s.%N)
-psql -qX -v ON_ERROR_STOP=1 -c \
-    "SELECT count(*) FROM generate_series(1, $KEYS) AS g WHERE throttle.acquire('bench.m.' || g, '1 hour')" \
-    >/dev/null
-psql -qX -v ON_ERROR_STOP=1 -c \
-    "SELECT count(*) FROM generate_series(1, $KEYS) AS g WHERE throttle.allow('bench.mb.' || g, 10, '1 hour', 10)" \
-    >/dev/null
+fill_keys $KEYS "throttle.acquire('bench.m.' || g, '1 hour')"
+fill_keys $KEYS "throttle.allow('bench.mb.' || g, 10, '1 hour', 10)"
 filled=$(date +%s.%N)
 # The checkpoint of 1 000 000 resources, written once now (the background
 # worker then skips its rounds: denied calls change nothing).

@@ -1,5 +1,7 @@
 #include "pg/checkpoint_file.hpp"
 
+#include "pg/durable_file.hpp"
+
 extern "C" {
 #include "port/pg_crc32c.h"
 #include "storage/fd.h"
@@ -97,9 +99,8 @@ void record_buffer_add(RecordBuffer* buffer, const RegistryEntry& entry) {
 }
 
 bool checkpoint_file_write(const char* path, const RecordBuffer& buffer, core::Micros taken_at) {
-    FILE* file = AllocateFile(path, PG_BINARY_W);
+    FILE* file = durable_file_create(path, LOG);
     if (file == nullptr) {
-        ereport(LOG, (errcode_for_file_access(), errmsg("could not create \"%s\": %m", path)));
         return false;
     }
     const FileHeader header{kMagic, kFormatVersion, buffer.count, static_cast<int64>(buffer.used),
@@ -109,18 +110,10 @@ bool checkpoint_file_write(const char* path, const RecordBuffer& buffer, core::M
     COMP_CRC32C(crc, &header, sizeof header);
     COMP_CRC32C(crc, buffer.data, buffer.used);
     FIN_CRC32C(crc);
-    bool ok = fwrite(&header, 1, sizeof header, file) == sizeof header &&
-              fwrite(buffer.data, 1, buffer.used, file) == buffer.used &&
-              fwrite(&crc, 1, sizeof crc, file) == sizeof crc && fflush(file) == 0 &&
-              pg_fsync(fileno(file)) == 0;
-    if (FreeFile(file) != 0) {
-        ok = false;
-    }
-    if (!ok) {
-        ereport(LOG, (errcode_for_file_access(), errmsg("could not write \"%s\": %m", path)));
-        unlink(path);
-    }
-    return ok;
+    const bool written = fwrite(&header, 1, sizeof header, file) == sizeof header &&
+                         fwrite(buffer.data, 1, buffer.used, file) == buffer.used &&
+                         fwrite(&crc, 1, sizeof crc, file) == sizeof crc;
+    return durable_file_close(file, path, written, LOG);
 }
 
 const char* checkpoint_file_read(const char* path, void (*restore)(const RegistryEntry&, void*),

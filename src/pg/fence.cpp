@@ -1,5 +1,7 @@
 #include "pg/fence.hpp"
 
+#include "pg/durable_file.hpp"
+
 extern "C" {
 #include "access/xlog.h"
 #include "access/xlog_internal.h"
@@ -62,32 +64,18 @@ pg_crc32c file_crc(const FenceFileData& data) {
     return crc;
 }
 
-// Writes the limit under a temporary name, fsyncs it and renames it into place.
-void write_limit_file(int64 limit, int elevel) {
+// Writes the limit under a temporary name, fsyncs it and renames it into
+// place; raises an error when it cannot.
+void write_limit_file(int64 limit) {
     FenceFileData data{kFileMagic, kFileVersion, limit, 0};
     data.crc = file_crc(data);
-    const int fd = OpenTransientFile(kFenceTemp, O_CREAT | O_TRUNC | O_WRONLY | PG_BINARY);
-    if (fd < 0) {
-        ereport(elevel,
-                (errcode_for_file_access(), errmsg("could not create \"%s\": %m", kFenceTemp)));
-        return;
+    FILE* file = durable_file_create(kFenceTemp, ERROR);
+    if (file == nullptr) {
+        return;  // not reached: the error was raised
     }
-    errno = 0;
-    const bool written =
-        write(fd, &data, sizeof data) == static_cast<ssize_t>(sizeof data) && pg_fsync(fd) == 0;
-    if (!written) {
-        if (errno == 0) {
-            errno = ENOSPC;
-        }
-        const int saved = errno;
-        (void)CloseTransientFile(fd);
-        errno = saved;
-        ereport(elevel,
-                (errcode_for_file_access(), errmsg("could not write \"%s\": %m", kFenceTemp)));
-        return;
-    }
-    (void)CloseTransientFile(fd);
-    (void)durable_rename(kFenceTemp, kFenceFile, elevel);
+    (void)durable_file_close(file, kFenceTemp, fwrite(&data, 1, sizeof data, file) == sizeof data,
+                             ERROR);
+    (void)durable_rename(kFenceTemp, kFenceFile, ERROR);
 }
 
 // The limit in the file: 0 when there is none; -1 when it cannot be read.
@@ -117,7 +105,7 @@ void fence_redo(XLogReaderState* record) {
     memcpy(&limit, XLogRecGetData(record), sizeof limit);
     // The primary may have handed out every token up to the limit.
     if (limit > load(&fence->limit)) {
-        write_limit_file(limit, ERROR);
+        write_limit_file(limit);
         raise(&fence->limit, limit);
     }
     raise(&fence->last_token, limit);
@@ -209,7 +197,7 @@ void fence_reserve_ahead() {
     }
     const int64 new_limit = std::max(limit, last) + kBlock;
     const XLogRecPtr lsn = log_limit(new_limit);
-    write_limit_file(new_limit, ERROR);
+    write_limit_file(new_limit);
     LWLockRelease(extend_lock);
     // Synchronous standbys must have the block before its tokens are used:
     // a promoted standby resumes above it.

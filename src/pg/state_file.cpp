@@ -1,5 +1,7 @@
 #include "pg/state_file.hpp"
 
+#include "pg/durable_file.hpp"
+
 extern "C" {
 #include "port/pg_crc32c.h"
 #include "storage/fd.h"
@@ -50,9 +52,8 @@ void emit_entry(const RegistryEntry& entry, void* ctx) {
 
 bool state_file_write(const char* path, const StateFileInfo& info, EntrySource source,
                       void* source_ctx) {
-    WriteState state{AllocateFile(path, PG_BINARY_W), 0, info.entries, false};
+    WriteState state{durable_file_create(path, LOG), 0, info.entries, false};
     if (state.file == nullptr) {
-        ereport(LOG, (errcode_for_file_access(), errmsg("could not create \"%s\": %m", path)));
         return false;
     }
     INIT_CRC32C(state.crc);
@@ -64,18 +65,7 @@ bool state_file_write(const char* path, const StateFileInfo& info, EntrySource s
     if (!state.failed && fwrite(&state.crc, 1, sizeof state.crc, state.file) != sizeof state.crc) {
         state.failed = true;
     }
-    if (state.left != 0 || fflush(state.file) != 0 || pg_fsync(fileno(state.file)) != 0) {
-        state.failed = true;
-    }
-    if (FreeFile(state.file) != 0) {
-        state.failed = true;
-    }
-    if (state.failed) {
-        ereport(LOG, (errcode_for_file_access(), errmsg("could not write \"%s\": %m", path)));
-        unlink(path);
-        return false;
-    }
-    return true;
+    return durable_file_close(state.file, path, !state.failed && state.left == 0, LOG);
 }
 
 const char* state_file_read(const char* path, bool (*restore)(const RegistryEntry&, void*),

@@ -24,6 +24,13 @@ def grants(cur, prefix, first, last, every):
     return cur.fetchone()[0]
 
 
+def allowed(cur, prefix, per):
+    """How many of 50 buckets (1 per `per`) allow a call."""
+    cur.execute("SELECT count(*) FILTER (WHERE throttle.allow(%s || g, 1, %s, 1)) "
+                "FROM generate_series(1, 50) AS g", (prefix, per))
+    return cur.fetchone()[0]
+
+
 def main():
     tap = Tap(19)
     conn = connect()
@@ -71,23 +78,15 @@ def main():
     # Buckets: a full bucket is the same as an absent one and may be
     # reclaimed; a bucket that is still counting never is.
     set_clock(cur, "2032-02-01 00:00:00+00")
-    cur.execute("SELECT count(*) FILTER (WHERE throttle.allow('full.counting.' || g, 1, '1 hour', 1)) "
-                "FROM generate_series(1, 50) AS g")
-    tap.is_(cur.fetchone()[0], 50, "50 buckets counting for an hour")
-    cur.execute("SELECT count(*) FILTER (WHERE throttle.allow('full.refills.' || g, 1, '1 second', 1)) "
-                "FROM generate_series(1, 50) AS g")
-    tap.is_(cur.fetchone()[0], 50, "50 buckets full again after a second fill the registry")
+    tap.is_(allowed(cur, "full.counting.", "1 hour"), 50, "50 buckets counting for an hour")
+    tap.is_(allowed(cur, "full.refills.", "1 second"), 50, "50 buckets full again after a second fill the registry")
     err = sql_error(conn, "SELECT throttle.allow('full.bucket-extra', 1, '1 second', 1)")
     tap.ok(err is not None and err[0] == "53200", "a new bucket while none is full: 53200", repr(err))
     cur.execute("SELECT allowed FROM throttle.take('full.peek', 1, '1 second', 1, 0)")
     tap.ok(cur.fetchone()[0], "a peek (cost 0) at a new bucket needs no entry")
     set_clock(cur, "2032-02-01 00:00:01+00")
-    cur.execute("SELECT count(*) FILTER (WHERE throttle.allow('full.new-bucket.' || g, 1, '1 hour', 1)) "
-                "FROM generate_series(1, 50) AS g")
-    tap.is_(cur.fetchone()[0], 50, "full buckets were reclaimed for 50 new ones")
-    cur.execute("SELECT count(*) FILTER (WHERE throttle.allow('full.counting.' || g, 1, '1 hour', 1)) "
-                "FROM generate_series(1, 50) AS g")
-    tap.is_(cur.fetchone()[0], 0, "no counting bucket was dropped: all 50 still deny")
+    tap.is_(allowed(cur, "full.new-bucket.", "1 hour"), 50, "full buckets were reclaimed for 50 new ones")
+    tap.is_(allowed(cur, "full.counting.", "1 hour"), 0, "no counting bucket was dropped: all 50 still deny")
     conn.close()
     tap.done()
 

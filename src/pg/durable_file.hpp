@@ -1,0 +1,18 @@
+// Writing a file the way PostgreSQL writes its own state files: the caller
+// creates it under a temporary name, writes it, closes it synced with
+// durable_file_close and then renames it into place (durable_rename).
+#pragma once
+
+#include "pg/pg_headers.hpp"
+
+namespace pg_throttle::pg {
+
+// Creates `path` for writing; reports at `elevel` and returns nullptr when
+// it cannot.
+FILE* durable_file_create(const char* path, int elevel);
+
+// Flushes, fsyncs and closes `file`, which holds everything when `written`.
+// On any failure removes `path`, reports at `elevel` and returns false.
+bool durable_file_close(FILE* file, const char* path, bool written, int elevel);
+
+}  // namespace pg_throttle::pg
