@@ -2,12 +2,9 @@
 EXTENSION  = pg_throttle
 EXTVERSION := $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" $(EXTENSION).control)
 
-CORE_SRCS = src/core/time_math.cpp src/core/interval_gate.cpp src/core/gcra.cpp
-PG_SRCS   = src/pg/module.cpp src/pg/boundary.cpp src/pg/clock.cpp src/pg/registry.cpp \
-            src/pg/arguments.cpp src/pg/holder.cpp src/pg/catalog.cpp \
-            src/pg/acquire.cpp src/pg/status.cpp src/pg/bucket.cpp src/pg/rate.cpp src/pg/wait.cpp \
-            src/pg/fence.cpp src/pg/lock_waiters.cpp src/pg/locks.cpp src/pg/clock_sql.cpp \
-            src/pg/persistence.cpp src/pg/reset.cpp src/pg/state_file.cpp src/pg/checkpoint.cpp src/pg/checkpoint_file.cpp src/pg/durable_file.cpp
+CORE_SRCS = $(sort $(wildcard src/core/*.cpp))
+# The PostgreSQL boundary: src/pg and its subsystem folders (durability, ...).
+PG_SRCS   = $(sort $(wildcard src/pg/*.cpp src/pg/*/*.cpp))
 
 MODULE_big = pg_throttle
 OBJS       = $(CORE_SRCS:.cpp=.o) $(PG_SRCS:.cpp=.o)
@@ -55,11 +52,12 @@ print-version:
 
 # Lint: the project's clang-format and clang-tidy settings.
 LINT_SRCS = $(CORE_SRCS) $(PG_SRCS) $(UNIT_SRCS)
+LINT_HDRS = $(wildcard src/*/*.hpp src/pg/*/*.hpp)
 .PHONY: format format-check tidy
 format:
-	clang-format -i $(LINT_SRCS) $(wildcard src/*/*.hpp)
+	clang-format -i $(LINT_SRCS) $(LINT_HDRS)
 format-check:
-	clang-format --dry-run -Werror $(LINT_SRCS) $(wildcard src/*/*.hpp)
+	clang-format --dry-run -Werror $(LINT_SRCS) $(LINT_HDRS)
 tidy:
 	clang-tidy --quiet $(LINT_SRCS) -- -std=c++17 -Isrc -Wno-register \
 	  -I$(shell $(PG_CONFIG) --includedir-server) \

@@ -6,7 +6,7 @@
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
 #include "pg/catalog.hpp"
-#include "pg/checkpoint.hpp"
+#include "pg/durability/checkpoint.hpp"
 #include "pg/clock.hpp"
 #include "pg/holder.hpp"
 #include "pg/registry.hpp"

@@ -9,7 +9,7 @@
 #include "core/time_math.hpp"
 #include "pg/arguments.hpp"
 #include "pg/clock.hpp"
-#include "pg/fence.hpp"
+#include "pg/durability/fence.hpp"
 #include "pg/holder.hpp"
 #include "pg/lock_waiters.hpp"
 #include "pg/registry.hpp"

@@ -1,9 +1,9 @@
 // Module load: GUCs and the shared-memory hooks.
-#include "pg/checkpoint.hpp"
+#include "pg/durability/checkpoint.hpp"
 #include "pg/clock.hpp"
-#include "pg/fence.hpp"
+#include "pg/durability/fence.hpp"
 #include "pg/lock_waiters.hpp"
-#include "pg/persistence.hpp"
+#include "pg/durability/persistence.hpp"
 #include "pg/pg_headers.hpp"
 #include "pg/registry.hpp"
 

@@ -1,7 +1,7 @@
 // throttle.reset(name, kind): an operator clears entries after an incident.
 // Not granted to PUBLIC by the install script.
 #include "pg/arguments.hpp"
-#include "pg/checkpoint.hpp"
+#include "pg/durability/checkpoint.hpp"
 #include "pg/registry.hpp"
 
 #include "pg/boundary.hpp"

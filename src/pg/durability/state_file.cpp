@@ -1,6 +1,6 @@
-#include "pg/state_file.hpp"
+#include "pg/durability/state_file.hpp"
 
-#include "pg/durable_file.hpp"
+#include "pg/durability/durable_file.hpp"
 
 extern "C" {
 #include "port/pg_crc32c.h"

@@ -1,7 +1,7 @@
-#include "pg/checkpoint.hpp"
+#include "pg/durability/checkpoint.hpp"
 
 // checkpoint_file.hpp brings in src/core: before any PostgreSQL header.
-#include "pg/checkpoint_file.hpp"
+#include "pg/durability/checkpoint_file.hpp"
 
 #include "pg/registry.hpp"
 

@@ -1,6 +1,6 @@
-#include "pg/fence.hpp"
+#include "pg/durability/fence.hpp"
 
-#include "pg/durable_file.hpp"
+#include "pg/durability/durable_file.hpp"
 
 extern "C" {
 #include "access/xlog.h"

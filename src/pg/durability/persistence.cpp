@@ -1,10 +1,10 @@
-#include "pg/persistence.hpp"
+#include "pg/durability/persistence.hpp"
 
 // state_file.hpp brings in src/core: before any PostgreSQL header.
-#include "pg/state_file.hpp"
+#include "pg/durability/state_file.hpp"
 
-#include "pg/checkpoint.hpp"
-#include "pg/fence.hpp"
+#include "pg/durability/checkpoint.hpp"
+#include "pg/durability/fence.hpp"
 
 extern "C" {
 #include "storage/fd.h"

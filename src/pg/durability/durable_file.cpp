@@ -1,4 +1,4 @@
-#include "pg/durable_file.hpp"
+#include "pg/durability/durable_file.hpp"
 
 extern "C" {
 #include "storage/fd.h"

@@ -1,6 +1,6 @@
-#include "pg/checkpoint_file.hpp"
+#include "pg/durability/checkpoint_file.hpp"
 
-#include "pg/durable_file.hpp"
+#include "pg/durability/durable_file.hpp"
 
 extern "C" {
 #include "port/pg_crc32c.h"
