@@ -26,7 +26,7 @@ run_suite cmake count scripts/cmake-build.sh
 
 test/run-server-profiles.sh
 
-expected_suites=16
+expected_suites=17
 echo
 echo "Suites:"
 awk '{printf "  %-14s %4d passed, %d failed\n", $1, $2, $3}' "$PG_THROTTLE_RESULTS"

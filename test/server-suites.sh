@@ -3,7 +3,7 @@
 # environment (pg_virtualenv sets it). One profile per server configuration:
 #   main           pg_throttle preloaded, default settings: pg_regress, pgTAP, real clients
 #   small-registry pg_throttle preloaded, pg_throttle.max_entries = 100
-#   restart        pg_throttle preloaded, on a cluster the suite restarts itself
+#   restart        pg_throttle preloaded, on a cluster the suites crash and restart themselves
 #   failover       pg_throttle preloaded, a standby of it promoted after the primary stops
 #   not-preloaded  pg_throttle installed but not in shared_preload_libraries
 # Each suite's counts are appended to $PG_THROTTLE_RESULTS as "suite passed failed".
@@ -30,6 +30,7 @@ small-registry)
     run_suite registry-full prove prove --verbose test/integration/registry_full.py || status=1
     ;;
 restart)
+    run_suite crash prove prove --verbose test/integration/crash.py || status=1
     run_suite restart prove prove --verbose test/integration/restart.py || status=1
     ;;
 failover)

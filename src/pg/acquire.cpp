@@ -25,9 +25,18 @@ core::IntervalWindow window_of(const RegistryEntry& entry) {
     return core::IntervalWindow{entry.granted_at, entry.expires_at};
 }
 
+// After a crash, a resource nobody has asked for since the restart counts as
+// granted at the restart, for the interval the caller gives.
+void acquire_born(RegistryEntry* entry, core::Micros restart, void* ctx) {
+    const auto* call = static_cast<const AcquireCall*>(ctx);
+    entry->granted_at = restart;
+    entry->expires_at = core::saturating_add(restart, call->every);
+    strlcpy(entry->holder, "[unknown: granted before a crash]", sizeof entry->holder);
+}
+
 bool acquire_decide_shared(RegistryEntry* entry, void* ctx) {
     auto* call = static_cast<AcquireCall*>(ctx);
-    if (entry == nullptr || !core::window_denies(window_of(*entry), call->now)) {
+    if (!core::window_denies(window_of(*entry), call->now)) {
         return false;  // a grant may be possible: decide under the exclusive lock
     }
     __atomic_fetch_add(&entry->denials, 1, __ATOMIC_RELAXED);
@@ -35,18 +44,10 @@ bool acquire_decide_shared(RegistryEntry* entry, void* ctx) {
     return true;
 }
 
-void acquire_apply_exclusive(RegistryEntry* entry, bool created, void* ctx) {
+void acquire_apply_exclusive(RegistryEntry* entry, void* ctx) {
     auto* call = static_cast<AcquireCall*>(ctx);
-    core::IntervalWindow current = window_of(*entry);
-    const core::IntervalWindow* known = created ? nullptr : &current;
-    if (created) {
-        // After a crash, an absent resource counts as granted at the restart.
-        if (const auto restart = registry_unknown_since()) {
-            current = core::IntervalWindow{*restart, core::saturating_add(*restart, call->every)};
-            known = &current;
-        }
-    }
-    const core::IntervalDecision decision = core::decide_interval(known, call->now, call->every);
+    const core::IntervalWindow current = window_of(*entry);
+    const core::IntervalDecision decision = core::decide_interval(&current, call->now, call->every);
     call->granted = decision.granted;
     if (!decision.granted) {
         __atomic_fetch_add(&entry->denials, 1, __ATOMIC_RELAXED);
@@ -60,7 +61,7 @@ void acquire_apply_exclusive(RegistryEntry* entry, bool created, void* ctx) {
     memcpy(entry->holder, call->holder->text, sizeof entry->holder);
 }
 
-constexpr EntryOp kAcquireOp{acquire_decide_shared, acquire_apply_exclusive};
+constexpr EntryOp kAcquireOp{acquire_born, acquire_decide_shared, acquire_apply_exclusive};
 
 Datum acquire(FunctionCallInfo fcinfo) {
     registry_require();
@@ -74,7 +75,7 @@ Datum acquire(FunctionCallInfo fcinfo) {
     const Holder holder = holder_from_argument(fcinfo, 2);
 
     AcquireCall call{clock_now(), positive_interval(every_arg, "every"), &holder, false};
-    if (registry_apply(key, call.now, kAcquireOp, &call) == ApplyResult::kFull) {
+    if (registry_apply(key, kAcquireOp, &call) == ApplyResult::kFull) {
         registry_raise_full();
     }
     PG_RETURN_BOOL(call.granted);

@@ -62,42 +62,50 @@ struct ReserveCall {
     core::GcraDecision decision;
 };
 
-core::GcraDecision decide(const ReserveCall& call, const RegistryEntry* entry) {
-    std::optional<core::Micros> tat;
-    if (entry != nullptr) {
-        tat = entry->expires_at;
-    } else if (const auto restart = registry_unknown_since()) {
-        // After a crash, an absent bucket counts as emptied at the restart.
-        tat = core::saturating_add(*restart, call.request->shape.tolerance);
-    }
-    return core::gcra_reserve(tat, call.now, call.request->shape, call.request->cost,
+// A bucket's state is its TAT, kept in expires_at; kLongExpired (a new
+// entry) is a full bucket.
+core::GcraDecision decide(const ReserveCall& call, const RegistryEntry& entry) {
+    return core::gcra_reserve(entry.expires_at, call.now, call.request->shape, call.request->cost,
                               call.max_wait);
+}
+
+void set_shape(RegistryEntry* entry, const BucketRequest& request) {
+    entry->of.bucket.per = request.per;
+    entry->of.bucket.rate = request.rate;
+    entry->of.bucket.burst = request.burst;
+}
+
+// After a crash, a bucket nobody has used since the restart counts as emptied
+// at the restart: full again one burst later.
+void reserve_born(RegistryEntry* entry, core::Micros restart, void* ctx) {
+    const auto* call = static_cast<const ReserveCall*>(ctx);
+    entry->expires_at = core::saturating_add(restart, call->request->shape.tolerance);
+    set_shape(entry, *call->request);
+    strlcpy(entry->holder, "[unknown: granted before a crash]", sizeof entry->holder);
 }
 
 bool reserve_decide_shared(RegistryEntry* entry, void* ctx) {
     auto* call = static_cast<ReserveCall*>(ctx);
-    call->decision = decide(*call, entry);
+    call->decision = decide(*call, *entry);
     if (call->request->cost == 0) {
         return true;  // a peek changes nothing and counts nothing
     }
-    if (call->decision.allowed || entry == nullptr) {
+    if (call->decision.allowed) {
         return false;  // the TAT must move: decide again under the exclusive lock
     }
     __atomic_fetch_add(&entry->denials, 1, __ATOMIC_RELAXED);
     return true;
 }
 
-void reserve_apply_exclusive(RegistryEntry* entry, bool created, void* ctx) {
+void reserve_apply_exclusive(RegistryEntry* entry, void* ctx) {
     auto* call = static_cast<ReserveCall*>(ctx);
-    call->decision = decide(*call, created ? nullptr : entry);
+    call->decision = decide(*call, *entry);
     const BucketRequest& request = *call->request;
-    entry->of.bucket.per = request.per;
-    entry->of.bucket.rate = request.rate;
-    entry->of.bucket.burst = request.burst;
+    if (request.cost == 0) {
+        return;  // a peek (of a bucket just born under the crash rule)
+    }
+    set_shape(entry, request);
     if (!call->decision.allowed) {
-        if (created) {
-            entry->expires_at = call->now;  // nothing to remember: reclaimable at once
-        }
         __atomic_fetch_add(&entry->denials, 1, __ATOMIC_RELAXED);
         return;
     }
@@ -108,7 +116,7 @@ void reserve_apply_exclusive(RegistryEntry* entry, bool created, void* ctx) {
     memcpy(entry->holder, caller_holder().text, sizeof entry->holder);
 }
 
-constexpr EntryOp kReserveOp{reserve_decide_shared, reserve_apply_exclusive};
+constexpr EntryOp kReserveOp{reserve_born, reserve_decide_shared, reserve_apply_exclusive};
 
 struct GiveBackCall {
     const BucketRequest* request;
@@ -150,7 +158,7 @@ void bucket_request_from_declaration(FunctionCallInfo fcinfo, BucketRequest* req
 core::GcraDecision bucket_reserve(const BucketRequest& request, core::Micros now,
                                   core::Micros max_wait) {
     ReserveCall call{&request, now, max_wait, {}};
-    if (registry_apply(request.key, now, kReserveOp, &call) == ApplyResult::kFull) {
+    if (registry_apply(request.key, kReserveOp, &call) == ApplyResult::kFull) {
         registry_raise_full();
     }
     return call.decision;

@@ -71,4 +71,8 @@ core::Micros clock_now() {
     return test_clock_set ? test_clock_value : GetCurrentTimestamp();
 }
 
+core::Micros real_now() {
+    return GetCurrentTimestamp();
+}
+
 }  // namespace pg_throttle::pg

@@ -13,4 +13,9 @@ void define_clock_guc();
 // start: a call inside a long transaction sees the time it is made).
 core::Micros clock_now();
 
+// The real clock, for what is shared between sessions and survives them:
+// lock and lease expiry, reclaim, checkpoints. pg_throttle.test_clock never
+// applies to these.
+core::Micros real_now();
+
 }  // namespace pg_throttle::pg

@@ -1,11 +1,15 @@
 // Module load: GUCs and the shared-memory hooks.
-#include "pg/durability/checkpoint.hpp"
+// Headers that bring in src/core come before any PostgreSQL header.
+#include "pg/durability/lease_journal.hpp"
+#include "pg/durability/wal.hpp"
+#include "pg/locks/lock_waiters.hpp"
+#include "pg/registry.hpp"
+
 #include "pg/clock.hpp"
+#include "pg/durability/checkpoint.hpp"
 #include "pg/durability/fence.hpp"
-#include "pg/lock_waiters.hpp"
 #include "pg/durability/persistence.hpp"
 #include "pg/pg_headers.hpp"
-#include "pg/registry.hpp"
 
 extern "C" {
 PG_MODULE_MAGIC;
@@ -24,6 +28,7 @@ void on_shmem_request() {
     pg_throttle::pg::registry_request_shmem();
     pg_throttle::pg::fence_request_shmem();
     pg_throttle::pg::checkpoint_request_shmem();
+    pg_throttle::pg::lease_journal_request_shmem();
     RequestAddinShmemSpace(pg_throttle::pg::waiters_shmem_size());
 }
 
@@ -35,6 +40,7 @@ void on_shmem_startup() {
     LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
     pg_throttle::pg::fence_attach_shmem();
     pg_throttle::pg::checkpoint_attach_shmem();
+    pg_throttle::pg::lease_journal_attach_shmem();
     pg_throttle::pg::waiters_attach_shmem();
     LWLockRelease(AddinShmemInitLock);
     pg_throttle::pg::persistence_startup();
@@ -53,7 +59,7 @@ void _PG_init(void) {
     pg_throttle::pg::checkpoint_define_guc();
     MarkGUCPrefixReserved("pg_throttle");
 
-    pg_throttle::pg::fence_register_wal();
+    pg_throttle::pg::wal_register();
     pg_throttle::pg::checkpoint_register_worker();
 
     previous_shmem_request = shmem_request_hook;

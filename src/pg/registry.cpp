@@ -24,16 +24,18 @@ struct RegistryShared {
     // to the earliest expiry that survived it. Keeps a full registry from
     // rescanning every entry on every call.
     core::Micros reclaim_not_before;
-    // After a crash: the restart time R; what was granted before it is
-    // unknown, so an absent entry counts as granted at R (registry.hpp).
-    // kNoCrash when the registry is complete.
-    core::Micros unknown_since;
+    // Per kind, after a crash: the restart time R; what was granted before
+    // it is unknown, so an absent entry is born granted at R (registry.hpp).
+    // kKnown while the kind's knowledge is complete.
+    core::Micros unknown_since[kEntryKindCount];
     // Started as a standby (or from a backup): the first call after the
-    // promotion forgets the registry and sets unknown_since.
+    // promotion forgets the standby's resources and buckets (registry.hpp).
     bool awaiting_promotion;
 };
 static_assert(std::is_trivially_copyable_v<RegistryShared>);
 RegistryShared* shared_state = nullptr;
+
+constexpr core::Micros kKnown = std::numeric_limits<core::Micros>::min();
 
 void lower_reclaim_not_before(core::Micros expires_at) {
     core::Micros seen = __atomic_load_n(&shared_state->reclaim_not_before, __ATOMIC_RELAXED);
@@ -94,8 +96,11 @@ void unlock_all_partitions() {
     }
 }
 
-// Drops every entry that no longer constrains anyone. Returns how many.
-long reclaim_expired(core::Micros now) {
+// Drops every entry that no longer constrains anyone, by the real clock:
+// whatever clock the calling session reads, another session's entry is
+// dropped only when it has expired in real time. Returns how many.
+long reclaim_expired() {
+    const core::Micros now = GetCurrentTimestamp();
     long reclaimed = 0;
     lock_all_partitions(LW_EXCLUSIVE);
     if (now >= shared_state->reclaim_not_before) {
@@ -116,15 +121,44 @@ long reclaim_expired(core::Micros now) {
     return reclaimed;
 }
 
+// The empty state (registry.hpp): free for every kind.
+void clear_state(RegistryEntry* entry) {
+    memset(reinterpret_cast<char*>(entry) + sizeof(RegistryKey), 0,
+           sizeof(RegistryEntry) - sizeof(RegistryKey));
+    entry->expires_at = kLongExpired;
+}
+
+// The kind's crash rule, if its knowledge is incomplete (see EntryOp::born).
+std::optional<core::Micros> unknown_since_of(uint8 kind) {
+    const core::Micros since = shared_state->unknown_since[kind];
+    if (since == kKnown) {
+        return std::nullopt;
+    }
+    return since;
+}
+
 // One attempt: the shared read-only path, then the exclusive path.
 bool try_apply(const RegistryKey& key, uint32 hash, const EntryOp& op, void* ctx) {
     LWLock* lock = partition_lock(hash);
+    const std::optional<core::Micros> unknown_since = unknown_since_of(key.kind);
     {
         PartitionLock shared(lock, LW_SHARED);
         auto* entry = static_cast<RegistryEntry*>(
             hash_search_with_hash_value(registry, &key, hash, HASH_FIND, nullptr));
-        if (op.decide_shared(entry, ctx)) {
-            return true;
+        if (entry != nullptr) {
+            if (op.decide_shared(entry, ctx)) {
+                return true;
+            }
+        } else if (!unknown_since.has_value()) {
+            // Absent and nothing unknown: the entry would be born free, so
+            // decide on a free entry; a call that must write one goes on
+            // below. (An entry born under a crash rule is always stored.)
+            RegistryEntry free_entry;
+            free_entry.key = key;
+            clear_state(&free_entry);
+            if (op.decide_shared(&free_entry, ctx)) {
+                return true;
+            }
         }
     }
     PartitionLock exclusive(lock, LW_EXCLUSIVE);
@@ -135,10 +169,12 @@ bool try_apply(const RegistryKey& key, uint32 hash, const EntryOp& op, void* ctx
         return false;
     }
     if (!found) {
-        memset(reinterpret_cast<char*>(entry) + sizeof(RegistryKey), 0,
-               sizeof(RegistryEntry) - sizeof(RegistryKey));
+        clear_state(entry);
+        if (unknown_since.has_value() && op.born != nullptr) {
+            op.born(entry, *unknown_since, ctx);
+        }
     }
-    op.apply_exclusive(entry, !found, ctx);
+    op.apply_exclusive(entry, ctx);
     lower_reclaim_not_before(entry->expires_at);
     return true;
 }
@@ -153,6 +189,8 @@ const char* entry_kind_name(EntryKind kind) {
             return "bucket";
         case EntryKind::kLock:
             return "lock";
+        case EntryKind::kQueueGroup:
+            return "group";
     }
     return "unknown";
 }
@@ -190,7 +228,9 @@ void registry_attach_shmem() {
         ShmemInitStruct("pg_throttle registry state", sizeof(RegistryShared), &found));
     if (!found) {
         shared_state->reclaim_not_before = core::kNever;
-        shared_state->unknown_since = kNoCrash;
+        for (core::Micros& since : shared_state->unknown_since) {
+            since = kKnown;
+        }
         shared_state->awaiting_promotion = false;
     }
     registry =
@@ -232,13 +272,13 @@ void registry_make_key(EntryKind kind, const char* name, size_t len, const char*
     memcpy(key->name, name, len);
 }
 
-ApplyResult registry_apply(const RegistryKey& key, core::Micros now, const EntryOp& op, void* ctx) {
+ApplyResult registry_apply(const RegistryKey& key, const EntryOp& op, void* ctx) {
     registry_notice_promotion();
     const uint32 hash = get_hash_value(registry, &key);
     if (try_apply(key, hash, op, ctx)) {
         return ApplyResult::kDone;
     }
-    reclaim_expired(now);
+    reclaim_expired();
     return try_apply(key, hash, op, ctx) ? ApplyResult::kDone : ApplyResult::kFull;
 }
 
@@ -253,6 +293,29 @@ void registry_update_existing(const RegistryKey& key,
         update(entry, ctx);
         lower_reclaim_not_before(entry->expires_at);
     }
+}
+
+bool registry_upsert(const RegistryKey& key, void (*update)(RegistryEntry* entry, void* ctx),
+                     void* ctx) {
+    const uint32 hash = get_hash_value(registry, &key);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        {
+            PartitionLock exclusive(partition_lock(hash), LW_EXCLUSIVE);
+            bool found = false;
+            auto* entry = static_cast<RegistryEntry*>(
+                hash_search_with_hash_value(registry, &key, hash, HASH_ENTER_NULL, &found));
+            if (entry != nullptr) {
+                if (!found) {
+                    clear_state(entry);
+                }
+                update(entry, ctx);
+                lower_reclaim_not_before(entry->expires_at);
+                return true;
+            }
+        }
+        reclaim_expired();
+    }
+    return false;
 }
 
 bool registry_reclaimable(const RegistryEntry& entry, core::Micros now) {
@@ -304,16 +367,12 @@ bool registry_remove(const RegistryKey& key) {
     return hash_search_with_hash_value(registry, &key, hash, HASH_REMOVE, nullptr) != nullptr;
 }
 
-void registry_mark_unknown_since(core::Micros restart) {
-    shared_state->unknown_since = restart;
+void registry_mark_unknown_since(EntryKind kind, core::Micros restart) {
+    shared_state->unknown_since[static_cast<uint8>(kind)] = restart;
 }
 
-std::optional<core::Micros> registry_unknown_since() {
-    const core::Micros since = shared_state->unknown_since;
-    if (since == kNoCrash) {
-        return std::nullopt;
-    }
-    return since;
+std::optional<core::Micros> registry_unknown_since(EntryKind kind) {
+    return unknown_since_of(static_cast<uint8>(kind));
 }
 
 core::Micros registry_max_lease() {
@@ -340,12 +399,18 @@ namespace {
 
 void scan_live(Oid dbid, core::Micros now, void (*visit)(const RegistryEntry& entry, void* ctx),
                void* ctx) {
+    // throttle.lock's locks expire by the real clock, whatever the
+    // session's clock says (locks.cpp).
+    const core::Micros real_now = GetCurrentTimestamp();
     // No RAII here: `visit` may raise an error, and error abort releases the locks.
     lock_all_partitions(LW_SHARED);
     HASH_SEQ_STATUS scan;
     hash_seq_init(&scan, registry);
     while (const auto* entry = static_cast<const RegistryEntry*>(hash_seq_search(&scan))) {
-        if ((dbid == InvalidOid || entry->key.dbid == dbid) && now < entry->expires_at) {
+        const auto kind = static_cast<EntryKind>(entry->key.kind);
+        const bool real_time = kind == EntryKind::kLock;
+        if ((dbid == InvalidOid || entry->key.dbid == dbid) &&
+            (real_time ? real_now : now) < entry->expires_at) {
             visit(*entry, ctx);
         }
     }
@@ -365,6 +430,16 @@ void registry_scan_all(core::Micros now, void (*visit)(const RegistryEntry& entr
     scan_live(InvalidOid, now, visit, ctx);
 }
 
+void registry_scan_every(void (*visit)(const RegistryEntry& entry, void* ctx), void* ctx) {
+    lock_all_partitions(LW_SHARED);
+    HASH_SEQ_STATUS scan;
+    hash_seq_init(&scan, registry);
+    while (const auto* entry = static_cast<const RegistryEntry*>(hash_seq_search(&scan))) {
+        visit(*entry, ctx);
+    }
+    unlock_all_partitions();
+}
+
 void registry_await_promotion() {
     shared_state->awaiting_promotion = true;
 }
@@ -377,23 +452,34 @@ void registry_notice_promotion() {
     bool forgot = false;
     lock_all_partitions(LW_EXCLUSIVE);
     if (shared_state->awaiting_promotion) {
-        // What this server granted as a standby says nothing of what the
-        // old primary granted: forget it all and count everything as
-        // granted now, as after a crash.
+        // The resources and buckets this server granted as a standby say
+        // nothing of what the old primary granted: forget them and count
+        // those kinds as granted now, as after a crash. Its locks are the
+        // primary's leases, replayed from WAL; they stay.
+        const core::Micros now = GetCurrentTimestamp();
         HASH_SEQ_STATUS scan;
         hash_seq_init(&scan, registry);
         while (auto* entry = static_cast<RegistryEntry*>(hash_seq_search(&scan))) {
-            hash_search(registry, &entry->key, HASH_REMOVE, nullptr);
+            const auto kind = static_cast<EntryKind>(entry->key.kind);
+            if (kind == EntryKind::kResource || kind == EntryKind::kBucket) {
+                hash_search(registry, &entry->key, HASH_REMOVE, nullptr);
+            }
         }
-        shared_state->reclaim_not_before = core::kNever;
-        shared_state->unknown_since = GetCurrentTimestamp();
+        shared_state->unknown_since[static_cast<uint8>(EntryKind::kResource)] = now;
+        shared_state->unknown_since[static_cast<uint8>(EntryKind::kBucket)] = now;
+        // Leases the standby could not know (its lease journal was not read
+        // whole) are held for pg_throttle.max_lease from the promotion.
+        core::Micros& locks = shared_state->unknown_since[static_cast<uint8>(EntryKind::kLock)];
+        if (locks != kKnown) {
+            locks = now;
+        }
         __atomic_store_n(&shared_state->awaiting_promotion, false, __ATOMIC_RELEASE);
         forgot = true;
     }
     unlock_all_partitions();
     if (forgot) {
-        ereport(LOG, (errmsg("pg_throttle noticed the promotion: entries not known since now "
-                             "count as granted now")));
+        ereport(LOG, (errmsg("pg_throttle noticed the promotion: resources and buckets not known "
+                             "since now count as granted now; leases stay as replayed")));
     }
 }
 

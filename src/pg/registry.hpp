@@ -14,7 +14,15 @@
 
 namespace pg_throttle::pg {
 
-enum class EntryKind : uint8 { kResource = 1, kBucket = 2, kLock = 3 };
+// Each consumer of the registry has its own kind in the key, so that no name
+// a caller passes can reach another kind's entries.
+enum class EntryKind : uint8 {
+    kResource = 1,    // throttle.acquire
+    kBucket = 2,      // throttle.take, allow, wait
+    kLock = 3,        // throttle.lock, unlock, renew
+    kQueueGroup = 4,  // the lease that holds a group of the event queue
+};
+inline constexpr int kEntryKindCount = 5;  // indexed by value; 0 is unused
 
 const char* entry_kind_name(EntryKind kind);
 
@@ -40,28 +48,40 @@ struct RegistryEntry {
             int32 burst;
         } bucket;
         struct {            // expires_at: the lease's end, kNever for a session lock
-            int64 token;    // the fence token of the current grant
+            int64 token;    // the fence token of the current grant; 0 when free
+            int64 seq;      // lease journal sequence of the last change (lease_journal.hpp)
             int32 waiters;  // backends queued for it (see lock_waiters.hpp)
             bool session;   // held until unlock or the holder's session ends
-        } lock;
+        } lock;             // kLock and kQueueGroup
     } of;
     int32 holder_pid;
     char holder[core::kMaxHolderBytes + 1];
 };
 
+// The expiry of an entry in its empty state (a new entry, a released lock):
+// before any clock reading, so it constrains nobody, whatever the clock.
+inline constexpr core::Micros kLongExpired = std::numeric_limits<core::Micros>::min();
+
 static_assert(std::is_trivially_copyable_v<RegistryKey>);
 static_assert(std::is_trivially_copyable_v<RegistryEntry>);
 static_assert(offsetof(RegistryEntry, key) == 0);
 
-// What one call does to one entry. Neither callback may raise an error: they
-// run under an LWLock.
+// What one call does to one entry. No callback may raise an error: they run
+// under an LWLock. None of them is told whether the entry was just created:
+// an entry the registry has no record of is "born" in the state the rules
+// give a name nobody has seen, and from then on it is an entry like any other.
 struct EntryOp {
-    // Under the shared lock; `entry` is null when absent. Returns true when the
-    // call is decided without changing anything but counters.
+    // Sets the state of a name unknown since `unknown_since` (the restart
+    // after a crash, or a promotion): the kind's crash rule, as if granted
+    // then. Called only while the kind's knowledge is incomplete; otherwise a
+    // new entry is all zero, which every kind reads as free. Null for kinds
+    // whose knowledge is never incomplete.
+    void (*born)(RegistryEntry* entry, core::Micros unknown_since, void* ctx);
+    // Under the shared lock. Returns true when the call is decided without
+    // changing anything but counters.
     bool (*decide_shared)(RegistryEntry* entry, void* ctx);
-    // Under the exclusive lock; `created` tells a fresh entry (key set,
-    // everything else zero).
-    void (*apply_exclusive)(RegistryEntry* entry, bool created, void* ctx);
+    // Under the exclusive lock.
+    void (*apply_exclusive)(RegistryEntry* entry, void* ctx);
 };
 
 enum class ApplyResult { kDone, kFull };
@@ -79,17 +99,25 @@ void registry_require();
 void registry_make_key(EntryKind kind, const char* name, size_t len, const char* what,
                        RegistryKey* key);
 
-// Runs `op` on the entry of `key`, creating it when absent. Reclaims expired
-// entries (as of `now`) when the table is full; kFull when none could be.
-ApplyResult registry_apply(const RegistryKey& key, core::Micros now, const EntryOp& op, void* ctx);
+// Runs `op` on the entry of `key`, creating it (born, see EntryOp) when
+// absent. Reclaims expired entries when the table is full; kFull when none
+// could be.
+ApplyResult registry_apply(const RegistryKey& key, const EntryOp& op, void* ctx);
 
-// Whether an entry constrains nobody at `now` and may be dropped: its expiry
-// has passed and no backend is queued for it.
+// Whether an entry constrains nobody at `now` (the real clock: the decision
+// is shared by every session) and may be dropped: its expiry has passed and
+// no backend is queued for it.
 bool registry_reclaimable(const RegistryEntry& entry, core::Micros now);
 
-// Runs `op` on the entry of `key` only if it exists, under the exclusive lock.
+// Runs `update` on the entry of `key` only if it exists, under the exclusive lock.
 void registry_update_existing(const RegistryKey& key,
                               void (*update)(RegistryEntry* entry, void* ctx), void* ctx);
+
+// Runs `update` on the entry of `key` under the exclusive lock, creating it
+// all zero when absent (no crash rule: for WAL redo, which restores what a
+// primary knew). False when the table is full of entries in force.
+bool registry_upsert(const RegistryKey& key, void (*update)(RegistryEntry* entry, void* ctx),
+                     void* ctx);
 
 // Calls `visit` for every entry of every database under every partition's
 // exclusive lock. `visit` may not raise an error.
@@ -107,14 +135,15 @@ LWLock* registry_partition_lock(const RegistryKey& key);
 void registry_visit_all(void (*visit)(const RegistryEntry& entry, void* ctx), void* ctx);
 bool registry_restore(const RegistryEntry& saved);
 
-// After a crash the registry does not know what was granted before the
-// restart R. Each kind then treats an absent entry conservatively, as if it
-// had been granted at R: a resource until R + every, a bucket as emptied at
-// R, a lock as leased until R + pg_throttle.max_lease. Empty when the
-// registry is complete (first start, or restored from a clean shutdown).
-inline constexpr core::Micros kNoCrash = std::numeric_limits<core::Micros>::min();
-void registry_mark_unknown_since(core::Micros restart);
-std::optional<core::Micros> registry_unknown_since();
+// After a crash the registry may not know what was granted before the
+// restart R. A kind whose knowledge is incomplete treats a name it has no
+// entry for as granted at R (EntryOp::born): a resource until R + every, a
+// bucket as emptied at R, a lock (only when the lease journal could not be
+// read whole) as leased until R + pg_throttle.max_lease. Nothing is marked
+// when the kind's knowledge is complete (first start, a clean restart, a
+// lease journal read whole).
+void registry_mark_unknown_since(EntryKind kind, core::Micros restart);
+std::optional<core::Micros> registry_unknown_since(EntryKind kind);
 core::Micros registry_max_lease();
 
 // How many entries the registry holds (live or not yet reclaimed).
@@ -127,16 +156,24 @@ bool registry_remove(const RegistryKey& key);
 [[noreturn]] void registry_raise_full();
 
 // Calls `visit` for each entry of the current database (or of every
-// database) still in force at `now`, under every partition's shared lock.
+// database) still in force at `now` (throttle.lock's locks: in real time), under every
+// partition's shared lock.
 // `visit` may raise an error.
 void registry_scan(core::Micros now, void (*visit)(const RegistryEntry& entry, void* ctx),
                    void* ctx);
 void registry_scan_all(core::Micros now, void (*visit)(const RegistryEntry& entry, void* ctx),
                        void* ctx);
 
-// A standby knows nothing of what the primary granted. Started as one, the
-// registry waits for the promotion; the first call after it (every entry
-// point checks, cheaply) forgets the registry and sets unknown_since to now.
+// Calls `visit` for every entry of every database, whatever its state, under
+// every partition's shared lock. `visit` may not raise an error.
+void registry_scan_every(void (*visit)(const RegistryEntry& entry, void* ctx), void* ctx);
+
+// A standby knows nothing of the resources and buckets the primary granted
+// (its leases it knows, from WAL). Started as one, the registry waits for the
+// promotion; the first call after it (every entry point checks, cheaply)
+// forgets its own resources and buckets and counts those kinds as unknown
+// since then, and the locks too when the standby's lease journal was not
+// read whole.
 void registry_await_promotion();
 void registry_notice_promotion();
 

@@ -2,6 +2,7 @@
 // Not granted to PUBLIC by the install script.
 #include "pg/arguments.hpp"
 #include "pg/durability/checkpoint.hpp"
+#include "pg/locks/locks.hpp"
 #include "pg/registry.hpp"
 
 #include "pg/boundary.hpp"
@@ -29,12 +30,19 @@ Datum reset(FunctionCallInfo fcinfo) {
                 (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("unknown kind \"%s\"", only),
                  errhint("Use resource, bucket or lock, or NULL for all of them.")));
     }
+    int32 removed = 0;
+    // A lock's grant is ended, not its entry removed: the earliest waiter
+    // gets it, and the lease journal records the release.
+    for (size_t i = 0; i < key_count; i++) {
+        if (static_cast<EntryKind>(keys[i].kind) == EntryKind::kLock && lock_reset(keys[i])) {
+            removed++;
+        }
+    }
     // A checkpoint that still showed a removed resource would bring it back
     // after a crash, while a grant made after the reset was lost.
     checkpoint_begin_forget();
-    int32 removed = 0;
     for (size_t i = 0; i < key_count; i++) {
-        if (registry_remove(keys[i])) {
+        if (static_cast<EntryKind>(keys[i].kind) != EntryKind::kLock && registry_remove(keys[i])) {
             removed++;
         }
     }

@@ -62,7 +62,7 @@ void emit_status_row(const RegistryEntry& entry, void* ctx) {
             nulls[i] = false;
         }
         fill_bucket_columns(entry, scan->now, values, nulls);
-    } else if (kind == EntryKind::kLock) {
+    } else if (kind == EntryKind::kLock || kind == EntryKind::kQueueGroup) {
         values[12] = Int64GetDatum(entry.of.lock.token);
         values[13] = Int32GetDatum(entry.of.lock.waiters);
         nulls[12] = nulls[13] = false;

@@ -43,7 +43,7 @@ COMMENT ON TABLE throttle.event IS
 COMMENT ON COLUMN throttle.event.item_key IS 'Natural key, unique among the unfinished (pending or claimed) events of a queue.';
 COMMENT ON COLUMN throttle.event.group_key IS 'Events of one group are claimed together by throttle.claim_group, by one worker at a time.';
 COMMENT ON COLUMN throttle.event.attempts IS 'Claims so far; a claim beyond max_attempts makes the event dead.';
-COMMENT ON COLUMN throttle.event.claim_token IS 'Fence token of the current claim (throttle.lock''s token for group claims).';
+COMMENT ON COLUMN throttle.event.claim_token IS 'Fence token of the current claim (the group lease''s token for group claims).';
 
 -- Every function below finds its rows through one of these, whatever the
 -- number of pending, claimed or finished events. complete, fail and extend
@@ -95,10 +95,31 @@ END
 $$;
 COMMENT ON FUNCTION throttle._positive(interval, text) IS 'Internal: raises 22004 or 22023 unless the interval is positive.';
 
-CREATE FUNCTION throttle._group_lock(queue text, group_key text)
-RETURNS text
-LANGUAGE sql IMMUTABLE AS $$ SELECT 'throttle.group:' || length(queue) || ':' || queue || ':' || group_key $$;
-COMMENT ON FUNCTION throttle._group_lock(text, text) IS 'Internal: the lock name that holds a group of a queue.';
+-- A group's lease: in shared memory, a kind of its own (no throttle.lock name
+-- reaches it), not journaled: the claimed rows are the durable truth.
+CREATE FUNCTION throttle._group_take(queue text, group_key text, worker text, lease interval)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'pg_throttle_group_take'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle._group_take(text, text, text, interval) IS
+    'Internal: takes the lease that holds a group of a queue; its fence token, or NULL when another worker holds it.';
+REVOKE EXECUTE ON FUNCTION throttle._group_take(text, text, text, interval) FROM PUBLIC;
+
+CREATE FUNCTION throttle._group_release(queue text, group_key text, token bigint)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'pg_throttle_group_release'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle._group_release(text, text, bigint) IS
+    'Internal: releases a group''s lease held with token.';
+REVOKE EXECUTE ON FUNCTION throttle._group_release(text, text, bigint) FROM PUBLIC;
+
+CREATE FUNCTION throttle._group_renew(queue text, group_key text, token bigint, lease interval)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'pg_throttle_group_renew'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle._group_renew(text, text, bigint, interval) IS
+    'Internal: extends a group''s lease held with token to lease from now.';
+REVOKE EXECUTE ON FUNCTION throttle._group_renew(text, text, bigint, interval) FROM PUBLIC;
 
 CREATE FUNCTION throttle._caller()
 RETURNS text
@@ -259,8 +280,7 @@ RETURNS SETOF throttle.event
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    lock_name text := throttle._group_lock(queue, group_key);
-    token bigint := throttle.lock(lock_name, lease);
+    token bigint := throttle._group_take(queue, group_key, worker, lease);
     ids bigint[];
 BEGIN
     IF token IS NULL THEN
@@ -268,7 +288,7 @@ BEGIN
     END IF;
     IF throttle._group_held(queue, group_key, now) THEN
         -- A claim from before a restart still holds it: the table says so.
-        PERFORM throttle.unlock(lock_name, token);
+        PERFORM throttle._group_release(queue, group_key, token);
         RETURN;
     END IF;
     SELECT array_agg(e.id) INTO ids FROM throttle.event e
@@ -278,7 +298,7 @@ BEGIN
     RETURN QUERY SELECT * FROM throttle._mark_claimed(ids, worker, lease, token, now)
                  ORDER BY run_at, id;
     IF NOT FOUND THEN  -- every due event was out of attempts
-        PERFORM throttle.unlock(lock_name, token);
+        PERFORM throttle._group_release(queue, group_key, token);
     END IF;
 END
 $$;
@@ -357,7 +377,7 @@ BEGIN
                        WHERE e.queue = g.queue AND e.group_key = g.group_key
                          AND e.state = 'claimed' AND e.group_key IS NOT NULL
                          AND e.claim_token = g.claim_token) THEN
-            PERFORM throttle.unlock(throttle._group_lock(g.queue, g.group_key), g.claim_token);
+            PERFORM throttle._group_release(g.queue, g.group_key, g.claim_token);
         END IF;
     END LOOP;
 END
@@ -435,7 +455,7 @@ BEGIN
              WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claimed_by = worker
                AND e.group_key IS NOT NULL
     LOOP
-        PERFORM throttle.renew(throttle._group_lock(g.queue, g.group_key), g.claim_token, lease);
+        PERFORM throttle._group_renew(g.queue, g.group_key, g.claim_token, lease);
     END LOOP;
     RETURN extended;
 END

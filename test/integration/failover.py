@@ -1,8 +1,14 @@
 #!/usr/bin/python3
-"""A promoted standby keeps the registry's promises: it never had the
-primary's shared memory, so at its promotion everything counts as granted
-then; fence tokens continue above every token the primary handed out (the
-primary's durable high-water mark reaches the standby through WAL).
+"""A promoted standby keeps every promise. It never had the primary's shared
+memory: at its promotion, resources and buckets count as granted then. Leases
+reach it through WAL (and its own lease journal, across its own restarts): the
+primary's leases are still held by their holders after the promotion, with
+their tokens and expiries, and fence tokens continue above every token the
+primary handed out.
+
+With synchronous standbys configured, a lease is not granted until they have
+it, whatever the caller's synchronous_commit; a cancel ends the wait with an
+error and no lease.
 
 Builds a streaming standby of the cluster this suite runs against
 (pg_basebackup), then stops the primary the hard way and promotes the
@@ -18,12 +24,12 @@ import time
 import psycopg2
 
 sys.path.insert(0, os.path.dirname(__file__))
-from crash_rules import check_nothing_granted_twice, grant_before  # noqa: E402
+from cluster import BIN, execute, pg_ctlcluster, reconnect  # noqa: E402
+from crash_rules import check_after_fault, grant_before  # noqa: E402
 from pgconn import connect, one  # noqa: E402
 from tap import Tap  # noqa: E402
 
-BIN = "/usr/lib/postgresql/15/bin"
-MAX_LEASE_S = 10
+MAX_LEASE_S = 30
 
 
 def error_code(conn, sql):
@@ -56,8 +62,13 @@ hot_standby = on
 """)
     subprocess.run(["chown", "-R", "postgres:postgres", directory], check=True)
     os.chmod(data, 0o700)
-    as_postgres(f"{BIN}/pg_ctl", "-D", data, "-l", os.path.join(directory, "log"), "-w", "start")
+    pg_ctl(directory, "start")
     return data
+
+
+def pg_ctl(directory, action, *extra):
+    as_postgres(f"{BIN}/pg_ctl", "-D", os.path.join(directory, "data"), "-l",
+                os.path.join(directory, "log"), "-w", action, *extra)
 
 
 def wait_for_replay(primary, standby):
@@ -69,55 +80,91 @@ def wait_for_replay(primary, standby):
     return False
 
 
+def synchronous_standby(tap, primary, directory, port):
+    """Lease grants wait for synchronous standbys, whatever the session asks."""
+    execute(primary, "ALTER SYSTEM SET synchronous_standby_names = '*'")
+    one(primary, "SELECT pg_reload_conf()")
+    time.sleep(0.5)
+    tap.ok(one(primary, "SELECT throttle.lock('sy.up', ttl => '10 seconds')")[0] is not None,
+           "with a synchronous standby streaming, a lease is granted")
+    pg_ctl(directory, "stop", "-m", "fast")
+    impatient = connect()
+    execute(impatient, "SET synchronous_commit = local")
+    execute(impatient, "SET statement_timeout = '500ms'")
+    started = time.time()
+    code = error_code(impatient, "SELECT throttle.lock('sy.down', ttl => '10 seconds')")
+    tap.ok(code == "57014" and time.time() - started >= 0.4,
+           "with the synchronous standby gone, a lease waits for it even under "
+           "synchronous_commit = local, and a cancel is an error (57014)", repr(code))
+    tap.is_(one(primary, "SELECT count(*) FROM throttle.locks WHERE name = 'sy.down'")[0], 0,
+            "and the lease was not granted")
+    pg_ctl(directory, "start")
+    token = one(impatient, "SET statement_timeout = '30s'; "
+                           "SELECT throttle.lock('sy.down', ttl => '10 seconds')")[0]
+    tap.ok(token is not None, "once the standby is back, the lease is granted")
+    impatient.close()
+    execute(primary, "ALTER SYSTEM RESET synchronous_standby_names")
+    one(primary, "SELECT pg_reload_conf()")
+
+
 def main():
-    tap = Tap(15)
+    tap = Tap(30)
     primary = connect()
     one(primary, "CREATE EXTENSION IF NOT EXISTS pg_throttle; SELECT 1")
     directory = tempfile.mkdtemp(prefix="pg_throttle_standby.")
     port = int(os.environ.get("PGPORT", "5432")) + 50
     # The backup is taken before the primary hands out any token, so the
     # standby's copy of the fence file knows none of them: only WAL tells it.
-    data = make_standby(primary, directory, port)
-    standby = None
-    for _ in range(100):
-        try:
-            standby = connect(host="127.0.0.1", port=port)
-            break
-        except psycopg2.OperationalError:
-            time.sleep(0.1)
+    make_standby(primary, directory, port)
+    standby = reconnect(host="127.0.0.1", port=port)
     tap.ok(standby is not None, "the standby runs with pg_throttle preloaded")
+    synchronous_standby(tap, primary, directory, port)
 
-    tokens = [one(primary, "SELECT throttle.lock('fo.t%s', '10 seconds')" % i)[0] for i in range(20)]
-    lease = grant_before(tap, primary, "fo")
+    tokens = [one(primary, "SELECT throttle.lock('fo.t%s', ttl => '10 seconds')" % i)[0]
+              for i in range(20)]
+    holder = connect()
+    before = grant_before(tap, primary, holder, "fo")
+    kept = one(primary, "SELECT throttle.lock('fo.kept', ttl => '30 seconds')")[0]
+    standby = reconnect(host="127.0.0.1", port=port)
     tap.ok(wait_for_replay(primary, standby), "the standby has replayed the primary's WAL")
+    tap.is_(one(standby, "SELECT token FROM throttle.locks WHERE name = 'fo.lease'"), (before["lease"],),
+            "the standby knows the primary's lease and its token")
     tap.is_(error_code(standby, "SELECT throttle.lock('fo.standby')"), "25006",
-            "a standby refuses to hand out fence tokens (25006)")
-    # The standby started from a backup: its start counts as a crash, so an
-    # interval shorter than its uptime is granted.
+            "a standby refuses to hand out locks (25006)")
+    tap.is_(error_code(standby, "SELECT throttle.renew('fo.lease', %d, '1 second')" % before["lease"]),
+            "25006", "and to renew them (25006)")
     tap.ok(one(standby, "SELECT throttle.acquire('fo.standby-only', '10 milliseconds')")[0],
            "a standby's own registry works for acquire")
+    # The standby restarts: its leases come back from its own lease journal.
+    standby.close()
+    pg_ctl(directory, "restart", "-m", "fast")
+    standby = reconnect(host="127.0.0.1", port=port)
+    tap.ok(wait_for_replay(primary, standby), "the standby restarted and caught up")
+    tap.is_(one(standby, "SELECT token FROM throttle.locks WHERE name = 'fo.lease'"), (before["lease"],),
+            "and still knows the lease, from its own lease journal")
 
     # The primary fails; the standby is promoted.
-    subprocess.run(["pg_ctlcluster", "15", "regress", "stop", "-m", "immediate"], check=True,
-                   capture_output=True)
+    pg_ctlcluster("stop", "-m", "immediate")
     primary.close()
+    holder.close()
     tap.ok(one(standby, "SELECT pg_promote(true, 30)")[0], "the standby is promoted")
-    promoted_at = time.time()
-    check_nothing_granted_twice(tap, standby, "fo", "the promotion")
+    check_after_fault(tap, standby, "fo", "the promotion", before)
     tap.ok(not one(standby, "SELECT throttle.acquire('fo.standby-only', '1 second')")[0],
-           "what the standby granted before is forgotten: everything counts as granted at the promotion")
-    holder = one(standby, "SELECT holder FROM throttle.locks WHERE name = 'fo.lease'")
-    tap.ok(holder is not None and holder[0].startswith("[unknown"), "it is held for an unknown holder",
-           repr(holder))
-    time.sleep(max(0.0, promoted_at + MAX_LEASE_S + 0.3 - time.time()))
-    token = one(standby, "SELECT throttle.lock('fo.lease', '10 seconds')")[0]
-    tap.ok(token is not None, "after max_lease the promoted server grants the lease")
-    tap.ok(token is not None and token > max(tokens + [lease]),
-           "with a fence token above every token the primary handed out", repr((token, lease)))
+           "what the standby granted before is forgotten: resources count as granted at the promotion")
+    token = one(standby, "SELECT throttle.lock('fo.new', ttl => '10 seconds')")[0]
+    tap.ok(token is not None and token > max(tokens + [before["top"], kept]),
+           "fence tokens continue above every token the primary handed out", repr((token, kept)))
     log = open(os.path.join(directory, "log")).read()
     tap.ok("pg_throttle noticed the promotion" in log, "the log says the promotion was noticed")
+    # A crash of the promoted server: its journal has the primary's leases.
+    pid = one(standby, "SELECT pg_backend_pid()")[0]
+    os.kill(pid, 9)
     standby.close()
-    as_postgres(f"{BIN}/pg_ctl", "-D", data, "-m", "immediate", "stop")
+    standby = reconnect(host="127.0.0.1", port=port)
+    tap.is_(one(standby, "SELECT token FROM throttle.locks WHERE name = 'fo.kept'"), (kept,),
+            "after a crash of the promoted server, a lease granted on the old primary is still held")
+    standby.close()
+    pg_ctl(directory, "stop", "-m", "immediate")
     shutil.rmtree(directory, ignore_errors=True)
     tap.done()
 

@@ -3,6 +3,7 @@
 // checkpoint_file.hpp brings in src/core: before any PostgreSQL header.
 #include "pg/durability/checkpoint_file.hpp"
 
+#include "pg/durability/lease_journal.hpp"
 #include "pg/registry.hpp"
 
 #include "pg/boundary.hpp"
@@ -203,21 +204,24 @@ void checkpoint_discard() {
 
 }  // namespace pg_throttle::pg
 
+// The background worker: the checkpoint every pg_throttle.checkpoint_interval,
+// and, every second, the lease journal's compaction when its log has grown.
 void pg_throttle_checkpointer_main(Datum /*arg*/) {
     using namespace pg_throttle::pg;
     pqsignal(SIGHUP, SignalHandlerForConfigReload);
     pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
     BackgroundWorkerUnblockSignals();
     constexpr Size kKiB = 1024;
+    constexpr long kCompactionCheckMs = 1000;
     MemoryContext work = AllocSetContextCreate(TopMemoryContext, "pg_throttle checkpointer", 0,
                                                8 * kKiB, 8 * kKiB * kKiB);
     TimestampTz last_written = GetCurrentTimestamp();
     for (;;) {
         const long interval_ms = interval_seconds * 1000L;
-        long timeout_ms = 60000;
+        long timeout_ms = kCompactionCheckMs;
         if (interval_ms > 0) {
             const long since = static_cast<long>((GetCurrentTimestamp() - last_written) / 1000);
-            timeout_ms = std::max(1L, interval_ms - since);
+            timeout_ms = std::min(timeout_ms, std::max(1L, interval_ms - since));
         }
         (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, timeout_ms,
                         PG_WAIT_EXTENSION);
@@ -229,16 +233,17 @@ void pg_throttle_checkpointer_main(Datum /*arg*/) {
             ConfigReloadPending = 0;
             ProcessConfigFile(PGC_SIGHUP);
         }
+        MemoryContext previous = MemoryContextSwitchTo(work);
+        lease_journal_maybe_compact(false);
         const TimestampTz now = GetCurrentTimestamp();
         if (interval_seconds > 0 && now - last_written >= interval_seconds * 1000000L) {
             last_written = now;
             if (!RecoveryInProgress()) {
-                MemoryContext previous = MemoryContextSwitchTo(work);
                 (void)checkpoint_write(true);
-                MemoryContextSwitchTo(previous);
-                MemoryContextReset(work);
             }
         }
+        MemoryContextSwitchTo(previous);
+        MemoryContextReset(work);
     }
 }
 

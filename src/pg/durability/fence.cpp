@@ -1,14 +1,13 @@
-#include "pg/durability/fence.hpp"
+// wal.hpp brings in src/core: before any PostgreSQL header.
+#include "pg/durability/wal.hpp"
 
 #include "pg/durability/durable_file.hpp"
+#include "pg/durability/fence.hpp"
+#include "pg/durability/sync_standbys.hpp"
 
 extern "C" {
 #include "access/xlog.h"
-#include "access/xlog_internal.h"
-#include "access/xloginsert.h"
-#include "access/xlogreader.h"
 #include "port/pg_crc32c.h"
-#include "replication/syncrep.h"
 #include "storage/fd.h"
 }
 
@@ -18,10 +17,6 @@ namespace {
 // Tokens made durable at once. After a crash the counter resumes at the
 // limit, so up to a block of numbers is skipped: tokens grow, not densely.
 constexpr int64 kBlock = int64{1} << 20;
-// RM_EXPERIMENTAL_ID until an id is reserved on the PostgreSQL wiki's list
-// of custom WAL resource managers.
-constexpr RmgrId kRmgrId = RM_EXPERIMENTAL_ID;
-constexpr uint8 kRaiseLimit = 0x10;  // the one record type (high bits of xl_info)
 constexpr const char* kTrancheName = "pg_throttle fence";
 constexpr const char* kFenceFile = "pg_throttle.fence";
 constexpr const char* kFenceTemp = "pg_throttle.fence.tmp";
@@ -65,80 +60,49 @@ pg_crc32c file_crc(const FenceFileData& data) {
 }
 
 // Writes the limit under a temporary name, fsyncs it and renames it into
-// place; raises an error when it cannot.
-void write_limit_file(int64 limit) {
+// place. Reports at `elevel` and returns false when it cannot.
+bool write_limit_file(int64 limit, int elevel) {
     FenceFileData data{kFileMagic, kFileVersion, limit, 0};
     data.crc = file_crc(data);
-    FILE* file = durable_file_create(kFenceTemp, ERROR);
-    if (file == nullptr) {
-        return;  // not reached: the error was raised
-    }
-    (void)durable_file_close(file, kFenceTemp, fwrite(&data, 1, sizeof data, file) == sizeof data,
-                             ERROR);
-    (void)durable_rename(kFenceTemp, kFenceFile, ERROR);
+    FILE* file = durable_file_create(kFenceTemp, elevel);
+    return file != nullptr &&
+           durable_file_close(file, kFenceTemp, fwrite(&data, 1, sizeof data, file) == sizeof data,
+                              elevel) &&
+           durable_rename(kFenceTemp, kFenceFile, elevel) == 0;
 }
 
-// The limit in the file: 0 when there is none; -1 when it cannot be read.
+constexpr int64 kNoFile = -2;
+constexpr int64 kDamaged = -1;
+
+// The limit in the file; kNoFile when there is none, kDamaged when it
+// cannot be read.
 int64 read_limit_file() {
     const int fd = OpenTransientFile(kFenceFile, O_RDONLY | PG_BINARY);
     if (fd < 0) {
-        return errno == ENOENT ? 0 : -1;
+        return errno == ENOENT ? kNoFile : kDamaged;
     }
     FenceFileData data{};
     const bool read_all = read(fd, &data, sizeof data) == static_cast<ssize_t>(sizeof data);
     (void)CloseTransientFile(fd);
     if (!read_all || data.magic != kFileMagic || data.version != kFileVersion ||
         !EQ_CRC32C(data.crc, file_crc(data)) || data.limit < 0) {
-        return -1;
+        return kDamaged;
     }
     return data.limit;
 }
 
-// --- WAL ----------------------------------------------------------------------
-
-void fence_redo(XLogReaderState* record) {
-    const uint8 info = XLogRecGetInfo(record) & ~XLR_INFO_MASK;
-    if (info != kRaiseLimit || XLogRecGetDataLen(record) != sizeof(int64)) {
-        elog(PANIC, "pg_throttle fence redo: unknown record (info %u)", info);
-    }
-    int64 limit = 0;
-    memcpy(&limit, XLogRecGetData(record), sizeof limit);
-    // The primary may have handed out every token up to the limit.
-    if (limit > load(&fence->limit)) {
-        write_limit_file(limit);
-        raise(&fence->limit, limit);
-    }
-    raise(&fence->last_token, limit);
-}
-
-void fence_desc(StringInfo buf, XLogReaderState* record) {
-    if (XLogRecGetDataLen(record) == sizeof(int64)) {
-        int64 limit = 0;
-        memcpy(&limit, XLogRecGetData(record), sizeof limit);
-        appendStringInfo(buf, "limit " INT64_FORMAT, limit);
-    }
-}
-
-const char* fence_identify(uint8 info) {
-    return (info & ~XLR_INFO_MASK) == kRaiseLimit ? "RAISE_LIMIT" : nullptr;
-}
-
-RmgrData fence_rmgr = {
-    "pg_throttle", fence_redo, fence_desc, fence_identify, nullptr, nullptr, nullptr, nullptr,
-};
-
-XLogRecPtr log_limit(int64 limit) {
-    XLogBeginInsert();
-    XLogRegisterData(reinterpret_cast<char*>(&limit), sizeof limit);
-    const XLogRecPtr lsn = XLogInsert(kRmgrId, kRaiseLimit);
-    XLogFlush(lsn);
-    return lsn;
-}
+// Whether the limit at startup was above zero: a token may exist.
+bool started_with_tokens = false;
 
 }  // namespace
 
-void fence_register_wal() {
-    RegisterCustomRmgr(kRmgrId, &fence_rmgr);
+void fence_redo_limit(int64 limit) {
+    // The primary may have handed out every token up to the limit.
+    if (limit > load(&fence->limit)) {
+        (void)write_limit_file(limit, ERROR);
+        raise(&fence->limit, limit);
+    }
+    raise(&fence->last_token, limit);
 }
 
 void fence_request_shmem() {
@@ -157,19 +121,27 @@ void fence_attach_shmem() {
     extend_lock = &GetNamedLWLockTranche(kTrancheName)[0].lock;
 }
 
-void fence_startup(bool registry_lost) {
+void fence_startup(bool registry_lost, bool ran_before) {
     int64 limit = read_limit_file();
+    if (limit == kNoFile && !ran_before) {
+        // A cluster's first start: the file exists from now on, so that a
+        // missing one is never mistaken for a fresh start.
+        limit = 0;
+        (void)write_limit_file(limit, LOG);
+    }
     if (limit < 0) {
         // Without the mark, fall back on the real clock in microseconds:
         // above every earlier token unless grants outran one per microsecond.
+        const char* problem = limit == kNoFile ? "missing" : "damaged";
         limit = GetCurrentTimestamp();
         ereport(
             WARNING,
-            (errmsg("ignoring damaged pg_throttle fence file \"%s\"", kFenceFile),
+            (errmsg("pg_throttle fence file \"%s\" is %s", kFenceFile, problem),
              errdetail("Fence tokens continue from the clock in microseconds, " INT64_FORMAT ".",
                        limit)));
         raise(&fence->last_token, limit);
     }
+    started_with_tokens = limit > 0;
     fence->limit = limit;
     if (registry_lost) {
         raise(&fence->last_token, limit);
@@ -195,13 +167,22 @@ void fence_reserve_ahead() {
         LWLockRelease(extend_lock);
         return;
     }
+    // WAL first: a crash after it replays the new limit whatever the file
+    // holds. The lock only orders writers of the limit; nothing under it
+    // raises an error.
     const int64 new_limit = std::max(limit, last) + kBlock;
-    const XLogRecPtr lsn = log_limit(new_limit);
-    write_limit_file(new_limit);
+    const XLogRecPtr lsn = wal_log_fence_limit(new_limit);
+    XLogFlush(lsn);
+    const bool written = write_limit_file(new_limit, LOG);
     LWLockRelease(extend_lock);
-    // Synchronous standbys must have the block before its tokens are used:
-    // a promoted standby resumes above it.
-    SyncRepWaitForLSN(lsn, false);
+    if (!written) {
+        ereport(ERROR, (errcode(ERRCODE_IO_ERROR),
+                        errmsg("could not make a block of fence tokens durable")));
+    }
+    // Synchronous standbys must have the block before its tokens are used: a
+    // promoted standby resumes above it. Until then nobody uses it (a cancel
+    // raises an error here, and the next caller writes a block of its own).
+    wait_for_sync_standbys(lsn);
     raise(&fence->limit, new_limit);
 }
 
@@ -216,6 +197,10 @@ int64 fence_last() {
 
 void fence_raise_to(int64 token) {
     raise(&fence->last_token, token);
+}
+
+bool fence_tokens_were_issued() {
+    return started_with_tokens || fence_last() > 0;
 }
 
 }  // namespace pg_throttle::pg

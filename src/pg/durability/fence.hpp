@@ -16,18 +16,27 @@
 
 namespace pg_throttle::pg {
 
-// _PG_init: the WAL resource manager. shmem_request_hook / startup halves.
-void fence_register_wal();
+// shmem_request_hook / shmem_startup_hook halves.
 void fence_request_shmem();
 void fence_attach_shmem();
 
 // In the postmaster at startup: reads the durable limit. When the registry
 // was lost (crash, damaged state file) the counter starts at the limit.
-void fence_startup(bool registry_lost);
+// `ran_before`: pg_throttle ran on this data directory before, so a missing
+// file is treated as a damaged one (the clock, with a WARNING), never as a
+// fresh cluster's.
+void fence_startup(bool registry_lost, bool ran_before);
 
-// Makes sure that a block of tokens is durable ahead of the counter. Call it
-// with no LWLock held, before work that may hand out tokens; raises an
-// error during recovery (a standby cannot write WAL).
+// WAL redo of a raised limit (wal.cpp).
+void fence_redo_limit(int64 limit);
+
+// Whether any token may have been handed out on this data directory.
+bool fence_tokens_were_issued();
+
+// Makes sure that a block of tokens is durable ahead of the counter (and on
+// the synchronous standbys). Call it with no LWLock held, before work that
+// may hand out tokens; raises an error during recovery (a standby cannot
+// write WAL) and when the wait for standbys is cancelled.
 void fence_reserve_ahead();
 
 // The next token, strictly greater than every token returned before; 0 when

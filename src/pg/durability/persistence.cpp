@@ -5,6 +5,7 @@
 
 #include "pg/durability/checkpoint.hpp"
 #include "pg/durability/fence.hpp"
+#include "pg/durability/lease_journal.hpp"
 
 extern "C" {
 #include "storage/fd.h"
@@ -19,13 +20,14 @@ constexpr const char* kStateTemp = "pg_throttle.state.tmp";
 // the state. Found at startup (or at a reinitialisation after a backend
 // crash), it means the registry was lost.
 constexpr const char* kRunningMarker = "pg_throttle.running";
+// Present once pg_throttle has run on this data directory.
+constexpr const char* kLeaseSnapshot = "pg_throttle.leases";
 
+// Resources and buckets in force. Leases live in the lease journal; session
+// locks die with their sessions; queue groups live in the event table.
 bool worth_keeping(const RegistryEntry& entry, core::Micros now) {
-    // Session locks die with their sessions; an expired entry is an absent one.
-    if (static_cast<EntryKind>(entry.key.kind) == EntryKind::kLock && entry.of.lock.session) {
-        return false;
-    }
-    return now < entry.expires_at;
+    const auto kind = static_cast<EntryKind>(entry.key.kind);
+    return (kind == EntryKind::kResource || kind == EntryKind::kBucket) && now < entry.expires_at;
 }
 
 struct DumpCount {
@@ -49,11 +51,7 @@ struct DumpSource {
 void emit_kept(const RegistryEntry& entry, void* ctx) {
     auto* source = static_cast<DumpSource*>(ctx);
     if (worth_keeping(entry, source->now)) {
-        RegistryEntry copy = entry;
-        if (static_cast<EntryKind>(entry.key.kind) == EntryKind::kLock) {
-            copy.of.lock.waiters = 0;  // nobody waits across a restart
-        }
-        source->emit(copy, source->file_ctx);
+        source->emit(entry, source->file_ctx);
     }
 }
 
@@ -78,33 +76,40 @@ void dump_at_shutdown(int code, Datum /*arg*/) {
 
 bool restore_entry(const RegistryEntry& entry, void* ctx) {
     auto* counts = static_cast<int64*>(ctx);
-    counts[registry_restore(entry) ? 0 : 1]++;
+    if (worth_keeping(entry, GetCurrentTimestamp())) {
+        counts[registry_restore(entry) ? 0 : 1]++;
+    }
     return true;
 }
 
 // Reads the state file into the empty registry. Only the postmaster runs
-// now. Returns false when a state file was there but could not be used.
+// now. Returns false when the registry is not complete: the file was there
+// but could not be used, or some of its entries did not fit.
 bool load_state() {
     int64 counts[2] = {0, 0};  // loaded, dropped
     StateFileInfo info{};
     bool found = false;
     const char* problem = state_file_read(kStateFile, restore_entry, counts, &info, &found);
-    if (found) {
-        unlink(kStateFile);
-    }
     if (problem != nullptr) {
         ereport(WARNING, (errmsg("ignoring pg_throttle state file \"%s\": %s", kStateFile, problem),
-                          errdetail("The registry starts empty.")));
+                          errdetail("Resources and buckets count as granted at this start.")));
         return false;
     }
     if (found) {
         fence_raise_to(info.last_token);
-        ereport(LOG,
-                (errmsg("pg_throttle restored %lld registry entries",
-                        static_cast<long long>(counts[0])),
-                 counts[1] > 0 ? errdetail("%lld entries did not fit in pg_throttle.max_entries.",
-                                           static_cast<long long>(counts[1]))
-                               : 0));
+        ereport(LOG, (errmsg("pg_throttle restored %lld resources and buckets",
+                             static_cast<long long>(counts[0]))));
+    }
+    if (counts[1] > 0) {
+        // The names dropped here were granted: the crash rule covers them,
+        // and every name not restored, from now on.
+        ereport(WARNING,
+                (errmsg("pg_throttle could not restore %lld resources and buckets: the registry is "
+                        "full",
+                        static_cast<long long>(counts[1])),
+                 errdetail("Resources and buckets not restored count as granted at this start."),
+                 errhint("Increase pg_throttle.max_entries.")));
+        return false;
     }
     return true;
 }
@@ -113,16 +118,24 @@ bool file_exists(const char* name) {
     return access(name, F_OK) == 0;
 }
 
+// The marker must exist before the state file is gone: without it, a crash
+// would later look like a clean start.
 void create_marker() {
     const int fd = OpenTransientFile(kRunningMarker, O_CREAT | O_WRONLY | PG_BINARY);
-    if (fd < 0) {
-        ereport(LOG,
-                (errcode_for_file_access(), errmsg("could not create \"%s\": %m", kRunningMarker)));
-        return;
+    if (fd < 0 || pg_fsync(fd) != 0) {
+        ereport(
+            FATAL,
+            (errcode_for_file_access(), errmsg("could not create \"%s\": %m", kRunningMarker),
+             errdetail("pg_throttle could not tell a crash from a clean shutdown without it.")));
     }
-    (void)pg_fsync(fd);
     (void)CloseTransientFile(fd);
     fsync_fname(".", true);
+}
+
+void remove_durably(const char* name) {
+    if (file_exists(name)) {
+        (void)durable_unlink(name, LOG);
+    }
 }
 
 }  // namespace
@@ -132,30 +145,44 @@ void persistence_startup() {
         return;  // a backend attaching (EXEC_BACKEND): nothing to load or dump
     }
     // A standby, or a restore from a backup, starts from files copied off
-    // another server: a marker among them, perhaps, but nothing that says
-    // what that server granted since. Its promotion counts as a crash.
+    // another server (or its own, from before it was made a standby): they
+    // say nothing of what the primary granted since. Its resources and
+    // buckets count as granted at its promotion. Its leases come from its
+    // own lease journal (a base backup copies the primary's) and WAL.
     const bool from_backup = file_exists("standby.signal") || file_exists("recovery.signal");
-    const bool crashed = file_exists(kRunningMarker) || from_backup;
-    const bool restored = !from_backup && load_state();
-    const bool lost = crashed || !restored;
-    fence_startup(lost);
+    const bool crashed = file_exists(kRunningMarker);
+    const bool ran_before = crashed || file_exists(kStateFile) || file_exists(kLeaseSnapshot);
+    // The state file is read only after this server's own clean shutdown;
+    // otherwise it is stale (a crash came after it was read, or it was
+    // copied) and removed, never left for a later start to read.
+    const bool restored = !from_backup && !crashed && load_state();
+    const bool lost = !restored;
+    fence_startup(lost, ran_before);
+    const bool leases_complete = lease_journal_startup(fence_tokens_were_issued());
+    const core::Micros restart = GetCurrentTimestamp();
     if (from_backup) {
         checkpoint_discard();
         registry_await_promotion();
     }
     if (lost) {
-        const core::Micros restart = GetCurrentTimestamp();
-        registry_mark_unknown_since(restart);
+        registry_mark_unknown_since(EntryKind::kResource, restart);
+        registry_mark_unknown_since(EntryKind::kBucket, restart);
         const int64 kept = from_backup ? 0 : checkpoint_restore(restart);
         ereport(LOG,
-                (errmsg("pg_throttle lost its registry: entries not known since now count "
-                        "as granted now"),
-                 errdetail("Resources stay taken for their interval (%lld came back exactly from "
-                           "the last checkpoint), buckets start empty and locks stay held for "
-                           "pg_throttle.max_lease.",
+                (errmsg("pg_throttle lost its resources and buckets: those not known since now "
+                        "count as granted now"),
+                 errdetail("Resources stay taken for their interval (%lld came back exactly "
+                           "from the last checkpoint) and buckets start empty.",
                            static_cast<long long>(kept))));
     }
+    if (!leases_complete) {
+        registry_mark_unknown_since(EntryKind::kLock, restart);
+        ereport(WARNING, (errmsg("pg_throttle could not read its lease journal whole: locks not "
+                                 "known since now count as leased until pg_throttle.max_lease "
+                                 "from now")));
+    }
     create_marker();
+    remove_durably(kStateFile);
     on_shmem_exit(dump_at_shutdown, 0);
 }
 

@@ -11,7 +11,7 @@ namespace pg_throttle::pg {
 namespace {
 
 constexpr uint32 kMagic = 0x50475448;  // "PGTH"
-constexpr uint32 kFormatVersion = 2;
+constexpr uint32 kFormatVersion = 3;   // 3: resources and buckets only
 
 struct StateHeader {
     uint32 magic;

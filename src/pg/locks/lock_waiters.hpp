@@ -15,7 +15,9 @@ struct WaiterSlot {
     RegistryKey key;
     uint64 arrival;       // order of arrival; meaningful while waiting
     int64 ttl;            // microseconds; 0 for a session lock
-    int64 granted_token;  // set by the backend that handed the lock over
+    int64 granted_token;  // set by the backend that handed the lock over, with:
+    int64 granted_seq;    //   the entry's lease journal sequence number then
+    int64 granted_at;     //   and the time of the hand-over (real clock)
     int32 pid;
     int32 pgprocno;  // whose latch to set
     bool waiting;

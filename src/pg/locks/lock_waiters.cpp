@@ -1,4 +1,4 @@
-#include "pg/lock_waiters.hpp"
+#include "pg/locks/lock_waiters.hpp"
 
 namespace pg_throttle::pg {
 namespace {

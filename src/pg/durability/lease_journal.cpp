@@ -1,0 +1,589 @@
+#include "pg/durability/lease_journal.hpp"
+
+#include "pg/durability/durable_file.hpp"
+#include "pg/durability/fence.hpp"
+#include "pg/durability/wal.hpp"
+
+extern "C" {
+#include "access/xlog.h"
+#include "port/pg_crc32c.h"
+#include "storage/fd.h"
+#include "utils/memutils.h"
+}
+
+namespace pg_throttle::pg {
+namespace {
+
+constexpr const char* kSnapshotFile = "pg_throttle.leases";
+constexpr const char* kSnapshotTemp = "pg_throttle.leases.tmp";
+constexpr const char* kLogPrefix = "pg_throttle.lease_log.";
+constexpr uint32 kRecordMagic = 0x50474c52;    // "PGLR"
+constexpr uint32 kSnapshotMagic = 0x50474c53;  // "PGLS"
+constexpr uint32 kFormatVersion = 1;
+// A record is one aligned 512-byte block: a torn or never-written block is
+// recognised by its CRC and skipped, and the next record is found anyway.
+constexpr size_t kRecordBytes = 512;
+// The append position: generation in the high bits, byte offset below.
+constexpr int kGenerationShift = 40;
+constexpr uint64 kOffsetMask = (uint64{1} << kGenerationShift) - 1;
+// A log is compacted once it is this long, or twice the last snapshot.
+constexpr uint64 kCompactAtBytes = uint64{4} * 1024 * 1024;
+
+struct DiskRecord {
+    uint32 magic;
+    pg_crc32c crc;  // of everything after it
+    LeaseRecord lease;
+};
+static_assert(sizeof(DiskRecord) <= kRecordBytes);
+static_assert(std::is_trivially_copyable_v<DiskRecord>);
+
+struct SnapshotHeader {
+    uint32 magic;
+    uint32 format_version;
+    uint64 generation;  // the log that continues this snapshot
+    int64 records;
+    pg_crc32c crc;  // of the fields above
+};
+static_assert(std::is_trivially_copyable_v<SnapshotHeader>);
+
+struct JournalShared {
+    uint64 position;        // where the next record goes; __atomic builtins
+    int64 seq;              // the last sequence number handed out; __atomic builtins
+    uint64 snapshot_bytes;  // size of the last snapshot, for the compaction threshold
+};
+static_assert(std::is_trivially_copyable_v<JournalShared>);
+
+JournalShared* journal = nullptr;
+
+uint64 generation_of(uint64 position) {
+    return position >> kGenerationShift;
+}
+
+void log_path(uint64 generation, char* path) {
+    snprintf(path, MAXPGPATH, "%s" UINT64_FORMAT, kLogPrefix, generation);
+}
+
+pg_crc32c record_crc(const DiskRecord& disk) {
+    pg_crc32c crc = 0;
+    INIT_CRC32C(crc);
+    COMP_CRC32C(crc, &disk.lease, sizeof disk.lease);
+    FIN_CRC32C(crc);
+    return crc;
+}
+
+void encode(const LeaseRecord& lease, char* block) {
+    memset(block, 0, kRecordBytes);
+    DiskRecord disk;
+    memset(&disk, 0, sizeof disk);
+    disk.magic = kRecordMagic;
+    disk.lease = lease;
+    disk.crc = record_crc(disk);
+    memcpy(block, &disk, sizeof disk);
+}
+
+// The record in `block`; false for a torn, damaged or never-written block.
+bool decode(const char* block, LeaseRecord* lease) {
+    DiskRecord disk;
+    memcpy(&disk, block, sizeof disk);
+    if (disk.magic != kRecordMagic || !EQ_CRC32C(disk.crc, record_crc(disk)) ||
+        disk.lease.name_len == 0 || disk.lease.name_len > core::kMaxNameBytes) {
+        return false;
+    }
+    *lease = disk.lease;
+    return true;
+}
+
+pg_crc32c header_crc(const SnapshotHeader& header) {
+    pg_crc32c crc = 0;
+    INIT_CRC32C(crc);
+    COMP_CRC32C(crc, &header, offsetof(SnapshotHeader, crc));
+    FIN_CRC32C(crc);
+    return crc;
+}
+
+void key_of(const LeaseRecord& lease, RegistryKey* key) {
+    memset(key, 0, sizeof *key);
+    key->dbid = lease.dbid;
+    key->kind = static_cast<uint8>(EntryKind::kLock);
+    key->name_len = lease.name_len;
+    memcpy(key->name, lease.name, lease.name_len);
+}
+
+bool in_force(const LeaseRecord& lease, core::Micros now) {
+    return lease.token != 0 && now < lease.expires_at;
+}
+
+// Sets a lock entry to the state `lease` describes.
+void set_entry(RegistryEntry* entry, const LeaseRecord& lease) {
+    entry->of.lock.seq = lease.seq;
+    entry->of.lock.token = lease.token;
+    entry->of.lock.session = false;
+    entry->granted_at = lease.granted_at;
+    entry->expires_at = lease.token != 0 ? lease.expires_at : kLongExpired;
+    entry->holder_pid = lease.holder_pid;
+    memcpy(entry->holder, lease.holder, sizeof entry->holder);
+    entry->holder[core::kMaxHolderBytes] = '\0';
+}
+
+// --- writing ------------------------------------------------------------------
+
+bool append(const LeaseRecord& lease, bool sync) {
+    alignas(8) char block[kRecordBytes];
+    encode(lease, block);
+    const uint64 position = __atomic_fetch_add(&journal->position, kRecordBytes, __ATOMIC_ACQ_REL);
+    char path[MAXPGPATH];
+    log_path(generation_of(position), path);
+    // The log of the current generation exists (a compaction creates it
+    // durably before appends go to it); O_CREAT only matters to a record
+    // that reserved its place just before a compaction removed the log, and
+    // that record is in the compaction's snapshot.
+    const int fd = OpenTransientFile(path, O_RDWR | O_CREAT | PG_BINARY);
+    if (fd < 0) {
+        return false;
+    }
+    const off_t offset = static_cast<off_t>(position & kOffsetMask);
+    bool written = pg_pwrite(fd, block, kRecordBytes, offset) == static_cast<ssize_t>(kRecordBytes);
+    if (!written && errno == 0) {
+        errno = ENOSPC;  // a short write sets no errno: assume a full disk
+    }
+    if (written && sync) {
+        written = pg_fdatasync(fd) == 0;
+    }
+    const int saved = errno;
+    (void)CloseTransientFile(fd);
+    errno = saved;
+    return written;
+}
+
+// Creates the (empty) log of `generation` durably.
+bool create_log(uint64 generation, int elevel) {
+    char path[MAXPGPATH];
+    log_path(generation, path);
+    const int fd = OpenTransientFile(path, O_RDWR | O_CREAT | PG_BINARY);
+    if (fd < 0 || pg_fsync(fd) != 0) {
+        ereport(elevel, (errcode_for_file_access(), errmsg("could not create \"%s\": %m", path)));
+        if (fd >= 0) {
+            (void)CloseTransientFile(fd);
+        }
+        return false;
+    }
+    (void)CloseTransientFile(fd);
+    fsync_fname(".", true);
+    return true;
+}
+
+// Writes the snapshot of `count` records (already encoded) as the start of
+// `generation`, durably. Reports at LOG and returns false when it cannot.
+bool write_snapshot(uint64 generation, const char* blocks, int64 count) {
+    SnapshotHeader header{kSnapshotMagic, kFormatVersion, generation, count, 0};
+    header.crc = header_crc(header);
+    FILE* file = durable_file_create(kSnapshotTemp, LOG);
+    if (file == nullptr) {
+        return false;
+    }
+    const size_t bytes = static_cast<size_t>(count) * kRecordBytes;
+    const bool written = fwrite(&header, 1, sizeof header, file) == sizeof header &&
+                         (bytes == 0 || fwrite(blocks, 1, bytes, file) == bytes);
+    if (!durable_file_close(file, kSnapshotTemp, written, LOG) ||
+        durable_rename(kSnapshotTemp, kSnapshotFile, LOG) != 0) {
+        return false;
+    }
+    __atomic_store_n(&journal->snapshot_bytes, bytes, __ATOMIC_RELAXED);
+    return true;
+}
+
+// The generation of a log file's name, or false for any other file.
+bool log_generation(const char* name, uint64* generation) {
+    const size_t prefix = strlen(kLogPrefix);
+    if (strncmp(name, kLogPrefix, prefix) != 0 || name[prefix] == '\0') {
+        return false;
+    }
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long value = strtoull(name + prefix, &end, 10);
+    if (errno != 0 || *end != '\0') {
+        return false;
+    }
+    *generation = value;
+    return true;
+}
+
+// Calls `visit` for each log file in the data directory.
+void for_each_log(void (*visit)(const char* name, uint64 generation, void* ctx), void* ctx) {
+    DIR* dir = AllocateDir(".");
+    while (struct dirent* de = ReadDir(dir, ".")) {
+        uint64 generation = 0;
+        if (log_generation(de->d_name, &generation)) {
+            visit(de->d_name, generation, ctx);
+        }
+    }
+    FreeDir(dir);
+}
+
+void remove_if_older(const char* name, uint64 generation, void* ctx) {
+    if (generation < *static_cast<uint64*>(ctx) && unlink(name) != 0) {
+        ereport(LOG, (errcode_for_file_access(), errmsg("could not remove \"%s\": %m", name)));
+    }
+}
+
+// Makes `generation` current, with `blocks` as its snapshot, and removes
+// the older logs. False (logged) when the snapshot could not be written.
+bool switch_generation(uint64 generation, const char* blocks, int64 count) {
+    if (!write_snapshot(generation, blocks, count)) {
+        return false;
+    }
+    for_each_log(remove_if_older, &generation);
+    fsync_fname(".", true);
+    return true;
+}
+
+// --- reading at startup ---------------------------------------------------------
+
+// The newest record of each name read so far: a hash table in the
+// postmaster's memory, keyed like the registry.
+struct Latest {
+    RegistryKey key;
+    LeaseRecord lease;
+};
+
+struct StartupRead {
+    HTAB* latest;
+    int64 max_seq;
+    int64 max_token;
+    int64 skipped;  // torn or damaged blocks
+    uint64 max_generation;
+    uint64 snapshot_generation;
+    bool have_snapshot;
+    bool log_of_snapshot_seen;
+    bool complete;
+};
+
+void keep_if_newer(StartupRead* read, const LeaseRecord& lease) {
+    RegistryKey key;
+    key_of(lease, &key);
+    bool found = false;
+    auto* latest = static_cast<Latest*>(hash_search(read->latest, &key, HASH_ENTER, &found));
+    if (!found || lease.seq > latest->lease.seq) {
+        latest->lease = lease;
+    }
+    read->max_seq = std::max(read->max_seq, lease.seq);
+    read->max_token = std::max(read->max_token, lease.token);
+}
+
+// Reads every block of `file` from where it stands; returns how many held a
+// record.
+int64 read_blocks(StartupRead* read, FILE* file) {
+    alignas(8) char block[kRecordBytes];
+    size_t got = 0;
+    int64 records = 0;
+    while ((got = fread(block, 1, kRecordBytes, file)) == kRecordBytes) {
+        LeaseRecord lease;
+        if (decode(block, &lease)) {
+            keep_if_newer(read, lease);
+            records++;
+        } else if (memcmp(block, "\0\0\0\0", 4) != 0) {
+            read->skipped++;  // a block never written reads as zeros
+        }
+    }
+    if (got != 0) {
+        read->skipped++;  // a torn last block
+    }
+    return records;
+}
+
+void read_snapshot(StartupRead* read) {
+    FILE* file = AllocateFile(kSnapshotFile, PG_BINARY_R);
+    if (file == nullptr) {
+        if (errno != ENOENT) {
+            read->complete = false;
+        }
+        return;
+    }
+    SnapshotHeader header{};
+    if (fread(&header, 1, sizeof header, file) != sizeof header || header.magic != kSnapshotMagic ||
+        header.format_version != kFormatVersion || !EQ_CRC32C(header.crc, header_crc(header))) {
+        ereport(WARNING, (errmsg("pg_throttle lease snapshot \"%s\" is damaged", kSnapshotFile)));
+        read->complete = false;
+        FreeFile(file);
+        return;
+    }
+    read->have_snapshot = true;
+    read->snapshot_generation = header.generation;
+    read->max_generation = std::max(read->max_generation, header.generation);
+    const int64 skipped_before = read->skipped;
+    const int64 records = read_blocks(read, file);
+    FreeFile(file);
+    // A snapshot must hold exactly its records, all of them whole.
+    if (read->skipped != skipped_before || records != header.records) {
+        ereport(WARNING, (errmsg("pg_throttle lease snapshot \"%s\" is damaged", kSnapshotFile)));
+        read->complete = false;
+    }
+}
+
+void read_log(const char* name, uint64 generation, void* ctx) {
+    auto* read = static_cast<StartupRead*>(ctx);
+    read->max_generation = std::max(read->max_generation, generation);
+    if (read->have_snapshot && generation < read->snapshot_generation) {
+        return;  // older than the snapshot, which holds all it said
+    }
+    if (read->have_snapshot && generation == read->snapshot_generation) {
+        read->log_of_snapshot_seen = true;
+    }
+    FILE* file = AllocateFile(name, PG_BINARY_R);
+    if (file == nullptr) {
+        ereport(WARNING, (errcode_for_file_access(), errmsg("could not read \"%s\": %m", name)));
+        read->complete = false;
+        return;
+    }
+    (void)read_blocks(read, file);
+    FreeFile(file);
+}
+
+// --- redo -----------------------------------------------------------------------
+
+struct RedoCall {
+    const LeaseRecord* lease;
+    bool applied;
+};
+
+void apply_if_newer(RegistryEntry* entry, void* ctx) {
+    auto* call = static_cast<RedoCall*>(ctx);
+    if (call->lease->seq > entry->of.lock.seq) {
+        set_entry(entry, *call->lease);
+        call->applied = true;
+    }
+}
+
+void raise_seq(int64 seq) {
+    int64 seen = __atomic_load_n(&journal->seq, __ATOMIC_ACQUIRE);
+    while (seen < seq && !__atomic_compare_exchange_n(&journal->seq, &seen, seq, true,
+                                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    }
+}
+
+// --- compaction -----------------------------------------------------------------
+
+struct SnapshotBuffer {
+    char* blocks;
+    int64 capacity;
+    int64 count;
+    int64 left_out;
+};
+
+// Leases, and the names a journaled change made free: their numbers keep an
+// older record written late from bringing a lease back.
+bool belongs_in_snapshot(const RegistryEntry& entry) {
+    return static_cast<EntryKind>(entry.key.kind) == EntryKind::kLock && entry.of.lock.seq != 0 &&
+           !(entry.of.lock.token != 0 && entry.of.lock.session);
+}
+
+void count_lock_entry(const RegistryEntry& entry, void* ctx) {
+    if (belongs_in_snapshot(entry)) {
+        (*static_cast<int64*>(ctx))++;
+    }
+}
+
+void add_lock_entry(const RegistryEntry& entry, void* ctx) {
+    auto* buffer = static_cast<SnapshotBuffer*>(ctx);
+    if (!belongs_in_snapshot(entry)) {
+        return;
+    }
+    if (buffer->count == buffer->capacity) {
+        buffer->left_out++;
+        return;
+    }
+    LeaseRecord lease;
+    lease_record_of(entry, &lease);
+    encode(lease, buffer->blocks + buffer->count * kRecordBytes);
+    buffer->count++;
+}
+
+}  // namespace
+
+bool lease_is_journaled(const RegistryEntry& entry) {
+    return static_cast<EntryKind>(entry.key.kind) == EntryKind::kLock && !entry.of.lock.session;
+}
+
+void lease_journal_request_shmem() {
+    RequestAddinShmemSpace(MAXALIGN(sizeof(JournalShared)));
+}
+
+void lease_journal_attach_shmem() {
+    bool found = false;
+    journal = static_cast<JournalShared*>(
+        ShmemInitStruct("pg_throttle lease journal", sizeof(JournalShared), &found));
+    if (!found) {
+        memset(journal, 0, sizeof *journal);
+    }
+}
+
+int64 lease_next_seq() {
+    return __atomic_add_fetch(&journal->seq, 1, __ATOMIC_ACQ_REL);
+}
+
+void lease_record_of(const RegistryEntry& entry, LeaseRecord* record) {
+    memset(record, 0, sizeof *record);
+    record->seq = entry.of.lock.seq;
+    const bool leased = entry.of.lock.token != 0 && !entry.of.lock.session;
+    record->token = leased ? entry.of.lock.token : 0;
+    record->granted_at = entry.granted_at;
+    record->expires_at = leased ? entry.expires_at : kLongExpired;
+    record->dbid = entry.key.dbid;
+    record->holder_pid = entry.holder_pid;
+    record->name_len = entry.key.name_len;
+    memcpy(record->name, entry.key.name, entry.key.name_len);
+    memcpy(record->holder, entry.holder, sizeof record->holder);
+}
+
+XLogRecPtr lease_journal_write(const LeaseRecord& record, bool sync) {
+    if (!append(record, sync)) {
+        return InvalidXLogRecPtr;
+    }
+    return wal_log_lease(record);
+}
+
+bool lease_journal_append_only(const LeaseRecord& record) {
+    return append(record, false);
+}
+
+bool lease_journal_startup(bool tokens_were_issued) {
+    constexpr Size kKiB = 1024;
+    MemoryContext work = AllocSetContextCreate(CurrentMemoryContext, "pg_throttle lease journal", 0,
+                                               8 * kKiB, 8 * kKiB * kKiB);
+    const MemoryContext previous = MemoryContextSwitchTo(work);
+    HASHCTL info{};
+    info.keysize = sizeof(RegistryKey);
+    info.entrysize = sizeof(Latest);
+    info.hcxt = work;
+    StartupRead read{};
+    read.latest = hash_create("pg_throttle lease journal", 1024, &info,
+                              HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+    read.complete = true;
+    read_snapshot(&read);
+    for_each_log(read_log, &read);
+    bool found_any = read.have_snapshot || read.max_generation > 0;
+    if (read.have_snapshot && !read.log_of_snapshot_seen) {
+        // The log of a snapshot is created before the snapshot: a copy
+        // taken while a compaction ran (a base backup) may miss records.
+        ereport(WARNING, (errmsg("pg_throttle lease journal is incomplete: the log of its "
+                                 "snapshot is missing")));
+        read.complete = false;
+    }
+    if (!found_any && tokens_were_issued) {
+        // Fence tokens were handed out here, but there is no journal: it was
+        // removed, or written by a version of pg_throttle without one.
+        ereport(WARNING, (errmsg("pg_throttle lease journal \"%s\" is missing", kSnapshotFile)));
+        read.complete = false;
+    }
+    if (read.skipped > 0) {
+        ereport(LOG, (errmsg("pg_throttle lease journal: skipped %lld torn or damaged records",
+                             static_cast<long long>(read.skipped)),
+                      errdetail("A record being written when the server stopped is torn; its "
+                                "lease was never returned to anyone.")));
+    }
+
+    // The leases still in force go back into the registry, and into the
+    // snapshot that starts the next generation.
+    const core::Micros now = GetCurrentTimestamp();
+    const int64 names = hash_get_num_entries(read.latest);
+    char* blocks = static_cast<char*>(
+        palloc_extended(std::max<int64>(names, 1) * kRecordBytes, MCXT_ALLOC_HUGE));
+    int64 restored = 0;
+    int64 dropped = 0;
+    HASH_SEQ_STATUS scan;
+    hash_seq_init(&scan, read.latest);
+    while (auto* latest = static_cast<Latest*>(hash_seq_search(&scan))) {
+        if (!in_force(latest->lease, now)) {
+            continue;
+        }
+        RegistryEntry entry;
+        memset(&entry, 0, sizeof entry);
+        entry.key = latest->key;
+        set_entry(&entry, latest->lease);
+        if (!registry_restore(entry)) {
+            dropped++;
+            continue;
+        }
+        encode(latest->lease, blocks + restored * kRecordBytes);
+        restored++;
+    }
+    if (dropped > 0) {
+        ereport(WARNING, (errmsg("pg_throttle could not restore %lld leases: the registry is full",
+                                 static_cast<long long>(dropped)),
+                          errhint("Increase pg_throttle.max_entries.")));
+        read.complete = false;
+    }
+    raise_seq(read.max_seq);
+    fence_raise_to(read.max_token);
+    const uint64 generation = read.max_generation + 1;
+    __atomic_store_n(&journal->position, generation << kGenerationShift, __ATOMIC_RELEASE);
+    if (!create_log(generation, WARNING) || !switch_generation(generation, blocks, restored)) {
+        // The older files stay; the next start reads them again.
+        read.complete = false;
+    }
+    if (found_any) {
+        ereport(LOG, (errmsg("pg_throttle restored %lld leases from its lease journal",
+                             static_cast<long long>(restored))));
+    }
+    MemoryContextSwitchTo(previous);
+    MemoryContextDelete(work);
+    return read.complete;
+}
+
+void lease_journal_redo(const LeaseRecord& record) {
+    raise_seq(record.seq);
+    fence_raise_to(record.token);
+    RegistryKey key;
+    key_of(record, &key);
+    RedoCall call{&record, false};
+    if (!registry_upsert(key, apply_if_newer, &call)) {
+        ereport(WARNING, (errmsg("pg_throttle registry is full: a replayed lease is not kept"),
+                          errdetail("Locks count as held until pg_throttle.max_lease from now."),
+                          errhint("Increase pg_throttle.max_entries.")));
+        registry_mark_unknown_since(EntryKind::kLock, GetCurrentTimestamp());
+        return;
+    }
+    if (call.applied && !append(record, record.token != 0)) {
+        ereport(
+            WARNING,
+            (errcode_for_file_access(), errmsg("could not write the pg_throttle lease journal: %m"),
+             errdetail("Locks count as held until pg_throttle.max_lease after a restart.")));
+        registry_mark_unknown_since(EntryKind::kLock, GetCurrentTimestamp());
+    }
+}
+
+void lease_journal_maybe_compact(bool force) {
+    const uint64 position = __atomic_load_n(&journal->position, __ATOMIC_ACQUIRE);
+    const uint64 threshold =
+        std::max(kCompactAtBytes, 2 * __atomic_load_n(&journal->snapshot_bytes, __ATOMIC_RELAXED));
+    if (!force && (position & kOffsetMask) < threshold) {
+        return;
+    }
+    const uint64 generation = generation_of(position) + 1;
+    if (!create_log(generation, LOG)) {
+        return;
+    }
+    // From here appends go to the new log. Every change whose record went to
+    // an older log was made in the registry before its place was reserved,
+    // so the copy below holds it.
+    __atomic_store_n(&journal->position, generation << kGenerationShift, __ATOMIC_RELEASE);
+    // Sized (and touched) before the copy, with room for leases added meanwhile.
+    int64 leases = 0;
+    registry_scan_every(count_lock_entry, &leases);
+    SnapshotBuffer buffer{};
+    buffer.capacity = leases + leases / 8 + 64;
+    buffer.blocks = static_cast<char*>(
+        palloc_extended(buffer.capacity * kRecordBytes, MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO));
+    registry_scan_every(add_lock_entry, &buffer);
+    if (buffer.left_out > 0) {
+        // The older logs stay until a snapshot holds every lease.
+        ereport(LOG, (errmsg("pg_throttle lease journal compaction postponed: %lld more leases "
+                             "than expected",
+                             static_cast<long long>(buffer.left_out))));
+    } else {
+        (void)switch_generation(generation, buffer.blocks, buffer.count);
+    }
+    pfree(buffer.blocks);
+}
+
+}  // namespace pg_throttle::pg

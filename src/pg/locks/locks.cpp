@@ -1,0 +1,483 @@
+#include "pg/locks/locks.hpp"
+
+// lease_journal.hpp brings in src/core: before any PostgreSQL header.
+#include "pg/durability/lease_journal.hpp"
+
+#include "pg/clock.hpp"
+#include "pg/durability/fence.hpp"
+#include "pg/durability/sync_standbys.hpp"
+#include "pg/locks/lock_waiters.hpp"
+
+extern "C" {
+#include "access/xlog.h"
+}
+
+namespace pg_throttle::pg {
+namespace {
+
+// The clock a lock kind expires by. throttle.lock's leases are shared by
+// every session and survive crashes: the real clock, always. A queue group's
+// lease follows the queue's time, throttle.now(), like the claimed rows'
+// lease_until, which are the durable truth it stands for.
+core::Micros now_for(const RegistryKey& key) {
+    return static_cast<EntryKind>(key.kind) == EntryKind::kQueueGroup ? clock_now() : real_now();
+}
+
+bool exit_callback_registered = false;
+bool may_hold_session_locks = false;  // this backend took or queued for a session lock
+
+bool held(const RegistryEntry& entry, core::Micros now) {
+    return entry.of.lock.token != 0 && now < entry.expires_at;
+}
+
+bool own_session_lock(const RegistryEntry& entry) {
+    return entry.of.lock.session && entry.holder_pid == MyProcPid;
+}
+
+// Whether the grant in force is a lease the journal knows.
+bool journaled_grant(const RegistryEntry& entry) {
+    return entry.of.lock.token != 0 && lease_is_journaled(entry);
+}
+
+void grant(RegistryEntry* entry, core::Micros now, int64 token, int64 ttl, int32 pid,
+           const char* holder) {
+    entry->of.lock.token = token;
+    entry->of.lock.seq = lease_next_seq();
+    entry->of.lock.session = ttl == 0;
+    entry->granted_at = now;
+    entry->expires_at = ttl == 0 ? core::kNever : core::saturating_add(now, ttl);
+    entry->holder_pid = pid;
+    strlcpy(entry->holder, holder, sizeof entry->holder);
+    __atomic_fetch_add(&entry->grants, 1, __ATOMIC_RELAXED);
+}
+
+void set_free(RegistryEntry* entry) {
+    entry->of.lock.token = 0;
+    entry->of.lock.seq = lease_next_seq();
+    entry->of.lock.session = false;
+    entry->expires_at = kLongExpired;
+}
+
+// Gives `entry` to its earliest waiter, or frees it. The caller holds the
+// entry's partition lock exclusively and not the waiters lock. When the
+// durable block of fence tokens is used up, the lock is freed and the
+// earliest waiter woken to take it over itself once it has reserved more.
+void hand_over(RegistryEntry* entry, core::Micros now) {
+    if (entry->of.lock.waiters > 0) {
+        LWLockAcquire(registry_waiters_lock(), LW_EXCLUSIVE);
+        WaiterSlot* next = waiter_earliest(entry->key);
+        if (next != nullptr) {
+            const int64 token = fence_next();
+            if (token != 0) {
+                next->waiting = false;
+                entry->of.lock.waiters--;
+                grant(entry, now, token, next->ttl, next->pid, next->holder);
+                next->granted_token = token;
+                next->granted_seq = entry->of.lock.seq;
+                next->granted_at = now;
+            } else {
+                set_free(entry);
+            }
+            SetLatch(&ProcGlobal->allProcs[next->pgprocno].procLatch);
+            LWLockRelease(registry_waiters_lock());
+            return;
+        }
+        entry->of.lock.waiters = 0;  // no slot matched: the count was stale
+        LWLockRelease(registry_waiters_lock());
+    }
+    set_free(entry);
+}
+
+// An expired lease with a queue goes to the queue first.
+void hand_over_if_lapsed(RegistryEntry* entry, core::Micros now) {
+    if (!held(*entry, now) && entry->of.lock.waiters > 0) {
+        hand_over(entry, now);
+    }
+}
+
+// Ends the grant in force (unlock, reset): the earliest waiter gets the lock,
+// or it is free. When the grant was a journaled lease, `released` gets the
+// record of the name made free, numbered before whatever follows it, for the
+// caller to write once the lock is released; `*journal` says so.
+void end_grant(RegistryEntry* entry, core::Micros now, LeaseRecord* released, bool* journal) {
+    *journal = journaled_grant(*entry);
+    if (*journal) {
+        RegistryEntry freed = *entry;
+        set_free(&freed);
+        lease_record_of(freed, released);
+    }
+    hand_over(entry, now);
+}
+
+// Writes a release (not fsynced: a release lost in a crash only lets the
+// lease run to its end). `to_wal` false when called while an error is
+// being handled.
+void write_release(const LeaseRecord& released, bool to_wal) {
+    const bool written = to_wal ? lease_journal_write(released, false) != InvalidXLogRecPtr
+                                : lease_journal_append_only(released);
+    if (!written) {
+        ereport(WARNING, (errcode_for_file_access(),
+                          errmsg("could not write a release to the pg_throttle lease journal: %m"),
+                          errdetail("After a crash, the lease would be held to its end.")));
+    }
+}
+
+// --- taking -----------------------------------------------------------------
+
+struct LockCall {
+    core::Micros now;
+    int64 ttl;  // 0: session lock
+    bool may_wait;
+    const Holder* holder;
+    int64 token;          // out: the grant, or 0
+    bool queued;          // out: this backend is now waiting
+    bool tokens_used_up;  // out: free, but the durable block of tokens ran out
+    LeaseRecord granted;  // out: the grant's record, when it is journaled
+};
+
+// No fence token is negative, so nobody can unlock or renew this one.
+constexpr int64 kUnknownHolderToken = -1;
+
+// Only when the lease journal could not be read whole: a lock nobody has
+// asked for since the restart counts as leased until the restart plus
+// pg_throttle.max_lease, by a holder nobody knows.
+void lock_born(RegistryEntry* entry, core::Micros restart, void* /*ctx*/) {
+    entry->of.lock.token = kUnknownHolderToken;
+    entry->granted_at = restart;
+    entry->expires_at = core::saturating_add(restart, registry_max_lease());
+    strlcpy(entry->holder, "[unknown: granted before a crash]", sizeof entry->holder);
+}
+
+bool lock_decide_shared(RegistryEntry* entry, void* ctx) {
+    auto* call = static_cast<LockCall*>(ctx);
+    if (!held(*entry, call->now)) {
+        return false;
+    }
+    if (call->may_wait && !own_session_lock(*entry)) {
+        return false;  // queue up: needs the exclusive lock
+    }
+    __atomic_fetch_add(&entry->denials, 1, __ATOMIC_RELAXED);
+    return true;
+}
+
+void lock_apply_exclusive(RegistryEntry* entry, void* ctx) {
+    auto* call = static_cast<LockCall*>(ctx);
+    hand_over_if_lapsed(entry, call->now);
+    if (!held(*entry, call->now)) {
+        call->token = fence_next();
+        if (call->token == 0) {
+            call->tokens_used_up = true;
+            return;
+        }
+        grant(entry, call->now, call->token, call->ttl, MyProcPid, call->holder->text);
+        if (journaled_grant(*entry)) {
+            lease_record_of(*entry, &call->granted);
+        }
+        return;
+    }
+    if (!call->may_wait || own_session_lock(*entry)) {
+        __atomic_fetch_add(&entry->denials, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    waiter_enqueue(entry->key, call->ttl, call->holder->text);
+    entry->of.lock.waiters++;
+    call->queued = true;
+}
+
+constexpr EntryOp kLockOp{lock_born, lock_decide_shared, lock_apply_exclusive};
+
+// --- waiting ----------------------------------------------------------------
+
+struct WaitCheck {
+    core::Micros now;
+    bool give_up;            // leave the queue unless already granted
+    int64 token;             // out: the token handed over, or 0
+    int64 seq;               // out: with the hand-over's sequence number
+    core::Micros at;         // out: and its time
+    core::Micros lapses_at;  // out: when the current grant ends
+    bool found;              // out: the entry exists
+};
+
+void wait_check(RegistryEntry* entry, void* ctx) {
+    auto* check = static_cast<WaitCheck*>(ctx);
+    check->found = true;
+    WaiterSlot* me = my_waiter_slot();
+    if (me->waiting) {
+        hand_over_if_lapsed(entry, check->now);
+    }
+    LWLockAcquire(registry_waiters_lock(), LW_EXCLUSIVE);
+    if (!me->waiting) {
+        check->token = me->granted_token;
+        check->seq = me->granted_seq;
+        check->at = me->granted_at;
+        me->granted_token = 0;
+    } else if (check->give_up) {
+        me->waiting = false;
+        entry->of.lock.waiters--;
+    }
+    LWLockRelease(registry_waiters_lock());
+    check->lapses_at = entry->expires_at;
+}
+
+// Leaves the queue; a lock handed over meanwhile is passed on, since the
+// caller will never learn its token. (Its grant was never journaled: the
+// journal still has the name free, or an earlier lease that has ended.)
+void abandon_wait(RegistryEntry* entry, void* ctx) {
+    WaitCheck check{*static_cast<core::Micros*>(ctx), true, 0, 0, 0, 0, false};
+    wait_check(entry, &check);
+    if (check.token != 0 && entry->of.lock.token == check.token) {
+        hand_over(entry, check.now);
+    }
+}
+
+// Until the wait's deadline (real time) or the grant's end (on the kind's
+// clock, read as `now`), whichever comes first.
+long sleep_ms(TimestampTz deadline, core::Micros real, core::Micros now, core::Micros lapses_at) {
+    core::Micros sleep_us = deadline - real;
+    if (lapses_at != core::kNever && lapses_at - now < sleep_us) {
+        sleep_us = lapses_at - now;  // a lease ends: the queue's head takes over then
+    }
+    const long ms = static_cast<long>((sleep_us + 999) / 1000);
+    return ms > 0 ? ms : 1;
+}
+
+// Waits in the queue until the lock is handed over or the wait runs out
+// (token 0). Only trivially destructible objects here: PG_TRY is sigsetjmp.
+WaitCheck wait_in_queue(const RegistryKey& key, core::Micros wait_us) {
+    const TimestampTz deadline = core::saturating_add(real_now(), wait_us);
+    WaitCheck result{};
+    PG_TRY();
+    {
+        for (;;) {
+            fence_reserve_ahead();
+            WaitCheck check{now_for(key), real_now() >= deadline, 0, 0, 0, 0, false};
+            registry_update_existing(key, wait_check, &check);
+            if (!check.found) {
+                my_waiter_slot()->waiting = false;  // the entry is gone: stop
+                break;
+            }
+            if (check.token != 0 || check.give_up) {
+                result = check;
+                break;
+            }
+            (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+                            sleep_ms(deadline, real_now(), check.now, check.lapses_at),
+                            PG_WAIT_EXTENSION);
+            ResetLatch(MyLatch);
+            CHECK_FOR_INTERRUPTS();
+        }
+    }
+    PG_CATCH();
+    {
+        core::Micros now = now_for(key);
+        registry_update_existing(key, abandon_wait, &now);
+        PG_RE_THROW();
+    }
+    PG_END_TRY();
+    return result;
+}
+
+// --- durability -------------------------------------------------------------
+
+struct TokenCall {
+    core::Micros now;
+    int64 token;
+    int64 ttl;  // renew only
+    bool done;
+    bool is_session_lock;
+    bool journal;        // `record` is to be written
+    LeaseRecord record;  // a release (unlock, reset) or the renewed lease
+};
+
+void unlock_update(RegistryEntry* entry, void* ctx) {
+    auto* call = static_cast<TokenCall*>(ctx);
+    if (call->token > 0 && held(*entry, call->now) && entry->of.lock.token == call->token) {
+        end_grant(entry, call->now, &call->record, &call->journal);
+        call->done = true;
+    }
+}
+
+// Releases `token` of `key` while an error is being handled: the registry
+// and the journal, not WAL (a standby then keeps the lease to its end).
+void release_after_error(const RegistryKey& key, int64 token) {
+    TokenCall call{now_for(key), token, 0, false, false, false, {}};
+    registry_update_existing(key, unlock_update, &call);
+    if (call.journal) {
+        write_release(call.record, false);
+    }
+}
+
+// Makes a lease just granted durable before its token is returned: the
+// journal, fsynced, then WAL and the synchronous standbys. When it cannot
+// be made durable the lease is released and an error raised.
+void make_grant_durable(const RegistryKey& key, int64 token, const LeaseRecord& record) {
+    const XLogRecPtr lsn = lease_journal_write(record, true);
+    if (lsn == InvalidXLogRecPtr) {
+        const int saved = errno;
+        release_after_error(key, token);
+        errno = saved;
+        ereport(ERROR, (errcode_for_file_access(),
+                        errmsg("could not write the pg_throttle lease journal: %m"),
+                        errdetail("The lease was not granted.")));
+    }
+    PG_TRY();
+    { wait_for_sync_standbys(lsn); }
+    PG_CATCH();
+    {
+        release_after_error(key, token);
+        PG_RE_THROW();
+    }
+    PG_END_TRY();
+}
+
+// The record of a lease handed to this backend while it waited.
+void handed_over_record(const RegistryKey& key, const WaitCheck& check, int64 ttl,
+                        const Holder& holder, LeaseRecord* record) {
+    memset(record, 0, sizeof *record);
+    record->seq = check.seq;
+    record->token = check.token;
+    record->granted_at = check.at;
+    record->expires_at = core::saturating_add(check.at, ttl);
+    record->dbid = key.dbid;
+    record->holder_pid = MyProcPid;
+    record->name_len = key.name_len;
+    memcpy(record->name, key.name, key.name_len);
+    memcpy(record->holder, holder.text, sizeof record->holder);
+}
+
+// --- session end ------------------------------------------------------------
+
+void release_if_own_session_lock(RegistryEntry* entry, void* ctx) {
+    if (entry->of.lock.token != 0 && entry->expires_at == core::kNever &&
+        own_session_lock(*entry)) {
+        hand_over(entry, *static_cast<core::Micros*>(ctx));
+    }
+}
+
+void release_at_exit(int /*code*/, Datum /*arg*/) {
+    LWLockReleaseAll();
+    core::Micros now = real_now();
+    // A FATAL error (pg_terminate_backend) during a wait skips PG_CATCH.
+    WaiterSlot* me = my_waiter_slot();
+    if (me->waiting || me->granted_token != 0) {
+        registry_update_existing(me->key, abandon_wait, &now);
+    }
+    if (may_hold_session_locks) {
+        registry_for_each_exclusive(release_if_own_session_lock, &now);
+    }
+}
+
+void register_exit_callback() {
+    if (!exit_callback_registered) {
+        before_shmem_exit(release_at_exit, 0);
+        exit_callback_registered = true;
+    }
+}
+
+void renew_update(RegistryEntry* entry, void* ctx) {
+    auto* call = static_cast<TokenCall*>(ctx);
+    if (call->token <= 0 || !held(*entry, call->now) || entry->of.lock.token != call->token) {
+        return;
+    }
+    if (entry->of.lock.session) {
+        call->is_session_lock = true;
+        return;
+    }
+    entry->expires_at = core::saturating_add(call->now, call->ttl);
+    entry->of.lock.seq = lease_next_seq();
+    call->done = true;
+    call->journal = journaled_grant(*entry);
+    if (call->journal) {
+        lease_record_of(*entry, &call->record);
+    }
+}
+
+void reset_update(RegistryEntry* entry, void* ctx) {
+    auto* call = static_cast<TokenCall*>(ctx);
+    if (entry->of.lock.token != 0 && (held(*entry, call->now) || entry->of.lock.waiters > 0)) {
+        end_grant(entry, call->now, &call->record, &call->journal);
+        call->done = true;
+    }
+}
+
+void refuse_on_standby() {
+    if (RecoveryInProgress()) {
+        ereport(ERROR, (errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+                        errmsg("cannot change locks during recovery"),
+                        errhint("Take, release and renew locks on the primary.")));
+    }
+}
+
+}  // namespace
+
+int64 lock_take(const RegistryKey& key, int64 ttl, core::Micros wait_us, const Holder& holder) {
+    refuse_on_standby();
+    register_exit_callback();
+    if (ttl == 0) {
+        may_hold_session_locks = true;
+    }
+    LockCall call{};
+    do {
+        fence_reserve_ahead();
+        call = LockCall{now_for(key), ttl, wait_us > 0, &holder, 0, false, false, {}};
+        if (registry_apply(key, kLockOp, &call) == ApplyResult::kFull) {
+            registry_raise_full();
+        }
+    } while (call.tokens_used_up);
+    int64 token = call.token;
+    LeaseRecord record = call.granted;
+    if (call.queued) {
+        const WaitCheck handed = wait_in_queue(key, wait_us);
+        token = handed.token;
+        handed_over_record(key, handed, ttl, holder, &record);
+    }
+    if (token != 0 && ttl > 0 && static_cast<EntryKind>(key.kind) == EntryKind::kLock) {
+        make_grant_durable(key, token, record);
+    }
+    return token;
+}
+
+bool lock_release(const RegistryKey& key, int64 token) {
+    refuse_on_standby();
+    fence_reserve_ahead();  // the lock may go to a waiter with a new token
+    TokenCall call{now_for(key), token, 0, false, false, false, {}};
+    registry_update_existing(key, unlock_update, &call);
+    if (call.journal) {
+        write_release(call.record, true);
+    }
+    return call.done;
+}
+
+RenewResult lock_renew(const RegistryKey& key, int64 token, int64 ttl) {
+    refuse_on_standby();
+    TokenCall call{now_for(key), token, ttl, false, false, false, {}};
+    registry_update_existing(key, renew_update, &call);
+    if (call.is_session_lock) {
+        return RenewResult::kSessionLock;
+    }
+    if (call.journal) {
+        // Until it is durable the holder is not told: after a crash the lease
+        // would end at its earlier expiry, which the holder still believes.
+        const XLogRecPtr lsn = lease_journal_write(call.record, true);
+        if (lsn == InvalidXLogRecPtr) {
+            ereport(ERROR, (errcode_for_file_access(),
+                            errmsg("could not write the pg_throttle lease journal: %m"),
+                            errdetail("The lease was not renewed; it ends when it did before.")));
+        }
+        wait_for_sync_standbys(lsn);
+    }
+    return call.done ? RenewResult::kRenewed : RenewResult::kNotHeld;
+}
+
+bool lock_reset(const RegistryKey& key) {
+    refuse_on_standby();
+    fence_reserve_ahead();
+    TokenCall call{now_for(key), 0, 0, false, false, false, {}};
+    registry_update_existing(key, reset_update, &call);
+    if (call.journal) {
+        write_release(call.record, true);
+    }
+    return call.done;
+}
+
+}  // namespace pg_throttle::pg

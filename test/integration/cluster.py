@@ -1,0 +1,76 @@
+"""Control of the cluster a suite runs against (pg_virtualenv's cluster 15/regress):
+restarts, crashes (a backend or the postmaster killed with SIGKILL), its log."""
+import glob
+import os
+import signal
+import subprocess
+import time
+
+from pgconn import connect, one
+
+PG_VERSION = "15"
+BIN = f"/usr/lib/postgresql/{PG_VERSION}/bin"
+
+
+def pg_ctlcluster(action, *extra):
+    subprocess.run(["pg_ctlcluster", PG_VERSION, "regress", action, *extra], check=True,
+                   capture_output=True, text=True)
+
+
+def server_log():
+    return subprocess.run(["bash", "-c", "cat /tmp/pg_virtualenv.*/log/*.log 2>/dev/null"],
+                          capture_output=True, text=True).stdout
+
+
+def reconnect(**kwargs):
+    """A connection once the server accepts them again (None after 30 s)."""
+    for _ in range(300):
+        try:
+            return connect(**kwargs)
+        except Exception:  # noqa: BLE001 - the server is restarting
+            time.sleep(0.1)
+    return None
+
+
+def execute(conn, sql, params=None):
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+
+
+def gone(pid):
+    """Whether process `pid` has exited (a zombie counts)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def kill_backend(conn):
+    """SIGKILL the backend of `conn`: PostgreSQL then reinitialises shared memory."""
+    os.kill(one(conn, "SELECT pg_backend_pid()")[0], signal.SIGKILL)
+    conn.close()
+
+
+def kill_postmaster(data_dir, socket_dir="/var/run/postgresql"):
+    """SIGKILL the postmaster of `data_dir` and wait for its backends to notice
+    and exit. Where nobody reaps orphans (PID 1 of a container), the dead
+    postmaster stays a zombie and its lock files name a "live" PID: they are
+    removed when they name it."""
+    with open(os.path.join(data_dir, "postmaster.pid")) as f:
+        postmaster = int(f.readline())
+    children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True,
+                              text=True).stdout.split()
+    os.kill(postmaster, signal.SIGKILL)
+    for _ in range(100):
+        if all(gone(int(pid)) for pid in children + [str(postmaster)]):
+            break
+        time.sleep(0.1)
+    for lock in glob.glob(os.path.join(socket_dir, ".s.PGSQL.*.lock")) + [
+            os.path.join(data_dir, "postmaster.pid")]:
+        try:
+            with open(lock) as f:
+                if f.readline().strip() == str(postmaster):
+                    os.unlink(lock)
+        except FileNotFoundError:
+            pass

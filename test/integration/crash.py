@@ -1,0 +1,160 @@
+#!/usr/bin/python3
+"""Crashes keep every promise: a backend killed with SIGKILL (PostgreSQL then
+reinitialises shared memory), then the postmaster killed with SIGKILL. After
+each, every crash rule is checked twice (crash_rules.py): resources, buckets,
+peeks and waits keep the crash rule; a lease is still held by its holder with
+its token and expiry, also one granted before a CHECKPOINT (crash recovery
+replays WAL only from the checkpoint on); session locks and names nobody held
+are free at once. The periodic checkpoint brings resources back exactly, and
+a reset is never undone by one. Queue groups: one whose claim still holds stays
+held, the others are claimable at once.
+
+Kills the cluster this suite runs against, so it runs on a cluster of its own.
+"""
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from cluster import (execute, kill_backend, kill_postmaster, pg_ctlcluster,  # noqa: E402
+                     reconnect, server_log)
+from crash_rules import check_after_fault, grant_before  # noqa: E402
+from pgconn import connect, one  # noqa: E402
+from tap import Tap  # noqa: E402
+
+CHECKS_PER_FAULT = 12
+
+
+def next_grant(conn, name):
+    row = one(conn, "SELECT next_grant_at FROM throttle.status WHERE kind = 'resource' AND name = %s",
+              (name,))
+    return row[0] if row else None
+
+
+def wait_for_checkpoint(path, name, seconds=10):
+    """Waits until the checkpoint file holds resource `name` (its records
+    carry names as plain bytes)."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            with open(path, "rb") as f:
+                if name.encode() in f.read():
+                    return True
+        except FileNotFoundError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def schedule_groups(conn):
+    """Queue 'cq': group g1 claimed by w1 (its claim holds on), g2 claimed by
+    w2 and completed, then a new event in it; g3 never claimed."""
+    for key, group, minutes in (("e1", "g1", 3), ("e2", "g2", 2)):
+        one(conn, "SELECT throttle.schedule('cq', %s, now() - %s * interval '1 minute', "
+                  "group_key => %s)", (key, minutes, group))
+    w1 = one(conn, "SELECT array_agg(id), min(group_key) FROM throttle.claim_group('cq', 'w1', '10 minutes')")
+    w2 = one(conn, "SELECT array_agg(id), min(group_key) FROM throttle.claim_group('cq', 'w2', '10 minutes')")
+    one(conn, "SELECT throttle.complete(%s, 'w2')", (w2[0],))
+    one(conn, "SELECT throttle.schedule('cq', 'e3', now() - interval '1 minute', group_key => 'g2')")
+    one(conn, "SELECT throttle.schedule('cq', 'e4', now() - interval '1 minute', group_key => 'g3')")
+    return w1, w2
+
+
+def check_groups(tap, conn, w1, after):
+    got = [one(conn, "SELECT min(group_key) FROM throttle.claim_group('cq', %s, '10 minutes')",
+               (worker,))[0] for worker in ("w3", "w4", "w5")]
+    tap.ok(sorted(got[:2]) == ["g2", "g3"] and got[2] is None,
+           f"after {after}, the groups no claim holds are claimable at once; the held one is not",
+           repr(got))
+    tap.is_(one(conn, "SELECT throttle.complete(%s, 'w1')", (w1[0],))[0], 1,
+            f"after {after}, the worker whose claim still holds completes its group")
+    execute(conn, "DELETE FROM throttle.event WHERE queue = 'cq'")
+
+
+def main():
+    tap = Tap(2 * CHECKS_PER_FAULT + 21)
+    conn = connect()
+    one(conn, "CREATE EXTENSION IF NOT EXISTS pg_throttle; SELECT 1")
+    data_dir = one(conn, "SHOW data_directory")[0]
+    checkpoint = os.path.join(data_dir, "pg_throttle.checkpoint")
+
+    # --- a backend killed --------------------------------------------------
+    # The background worker's checkpoint, every second for this part.
+    execute(conn, "ALTER SYSTEM SET pg_throttle.checkpoint_interval = '1s'")
+    one(conn, "SELECT pg_reload_conf()")
+    tap.ok(one(conn, "SELECT throttle.acquire('ck.early', '1 hour')")[0], "resource granted")
+    early = next_grant(conn, "ck.early")
+    tap.ok(wait_for_checkpoint(checkpoint, "ck.early"), "the background worker writes a checkpoint")
+    execute(conn, "ALTER SYSTEM RESET pg_throttle.checkpoint_interval")
+    one(conn, "SELECT pg_reload_conf()")
+    w1, _ = schedule_groups(conn)
+    holder = connect()
+    before = grant_before(tap, conn, holder, "cr")
+    # Crash recovery replays WAL only from the last checkpoint on: the lease
+    # was granted before it, so only the lease journal can bring it back.
+    execute(conn, "CHECKPOINT")
+    kill_backend(conn)
+    holder.close()
+    conn = reconnect()
+    tap.ok(conn is not None, "the server came back after the backend crash")
+    check_after_fault(tap, conn, "cr", "a backend crash", before)
+    tap.is_(next_grant(conn, "ck.early"), early,
+            "a resource in the last checkpoint comes back exactly (not restart + 1 hour)")
+    tap.ok("resources from its checkpoint" in server_log(), "the log says what the checkpoint restored")
+    tap.ok("leases from its lease journal" in server_log(),
+           "the log says the lease came back from the journal")
+    check_groups(tap, conn, w1, "a backend crash")
+
+    # --- the postmaster killed -----------------------------------------------
+    conn.close()
+    pg_ctlcluster("restart", "-m", "fast")
+    conn = connect()
+    # A reset must not be undone by a checkpoint taken before it.
+    one(conn, "SELECT throttle.acquire('ck.reset', '1 hour')")
+    one(conn, "SELECT throttle.checkpoint()")
+    one(conn, "SELECT throttle.reset('ck.reset')")
+    tap.ok(not os.path.exists(checkpoint), "throttle.reset deletes the checkpoint")
+    time.sleep(0.01)
+    tap.ok(one(conn, "SELECT throttle.acquire('ck.reset', '1 hour')")[0], "after the reset it is granted again")
+    regranted = next_grant(conn, "ck.reset")
+    w1, _ = schedule_groups(conn)
+    holder = connect()
+    before = grant_before(tap, conn, holder, "pm")
+    # A renew made before the crash is what comes back.
+    one(conn, "SELECT throttle.renew('pm.lease', %s, '25 seconds')", (before["lease"],))
+    before["expires"] = one(conn, "SELECT expires_at FROM throttle.locks WHERE name = 'pm.lease'")[0]
+    conn.close()
+    kill_postmaster(data_dir)
+    holder.close()
+    pg_ctlcluster("start")
+    conn = reconnect()
+    tap.ok(conn is not None, "the server starts after its postmaster was killed")
+    check_after_fault(tap, conn, "pm", "a postmaster kill", before)
+    tap.ok(not one(conn, "SELECT throttle.acquire('ck.reset', '1 hour')")[0],
+           "a resource reset and granted again stays taken")
+    after_reset = next_grant(conn, "ck.reset")
+    tap.ok(after_reset is None or after_reset >= regranted,
+           "and not from the checkpoint taken before the reset", repr((after_reset, regranted)))
+    check_groups(tap, conn, w1, "a postmaster kill")
+
+    # --- a damaged checkpoint: a WARNING, and the crash rules alone ---------
+    # A clean restart first: a complete registry, no crash rule in force.
+    conn.close()
+    pg_ctlcluster("restart", "-m", "fast")
+    conn = connect()
+    tap.ok(one(conn, "SELECT throttle.acquire('dc.job', '1 hour')")[0], "resource granted before")
+    tap.is_(one(conn, "SELECT throttle.checkpoint() >= 1")[0], True, "and checkpointed")
+    with open(checkpoint, "r+b") as f:
+        f.seek(48)
+        f.write(b"\xff\xff\xff\xff")
+    kill_backend(conn)
+    conn = reconnect()
+    tap.ok("ignoring pg_throttle checkpoint" in server_log(), "a damaged checkpoint: a WARNING")
+    tap.ok([one(conn, "SELECT throttle.acquire('dc.job', '1 hour')")[0] for _ in range(2)] == [False, False],
+           "and the resource is still not granted again (the crash rule, two calls)")
+    conn.close()
+    tap.done()
+
+
+if __name__ == "__main__":
+    main()
