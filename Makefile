@@ -63,6 +63,13 @@ tidy:
 	  -I$(shell $(PG_CONFIG) --includedir-server) \
 	  -DPG_INCLUDEDIR_SERVER='"$(shell $(PG_CONFIG) --includedir-server)"'
 
+# The fault-injection soak test, longer than the one the test command runs.
+SOAK_CYCLES ?= 40
+.PHONY: soak
+soak:
+	@mkdir -p build
+	/usr/bin/python3 test/soak/soak.py --cycles $(SOAK_CYCLES) --summary build/soak.json
+
 # Benchmarks against SELECT 1 and the SQL recipes (bench/run.sh).
 .PHONY: bench
 bench:

@@ -2,7 +2,8 @@
 # Runs every suite from scratch: installs what is missing from Debian's
 # packages, builds and installs pg_throttle, then runs
 #   lint (clang-format, clang-tidy), the core's unit tests, the CMake build,
-#   pg_regress, pgTAP and the integration tests on throwaway clusters.
+#   pg_regress, pgTAP, the integration tests and the fault-injection soak test
+#   on throwaway clusters. SOAK_CYCLES=40 runs a longer soak (6 by default).
 # The last line is "N passed, N failed"; the exit code is non-zero on failure.
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -26,7 +27,7 @@ run_suite cmake count scripts/cmake-build.sh
 
 test/run-server-profiles.sh
 
-expected_suites=17
+expected_suites=19
 echo
 echo "Suites:"
 awk '{printf "  %-14s %4d passed, %d failed\n", $1, $2, $3}' "$PG_THROTTLE_RESULTS"

@@ -6,13 +6,16 @@
 #   restart        pg_throttle preloaded, on a cluster the suites crash and restart themselves
 #   failover       pg_throttle preloaded, a standby of it promoted after the primary stops
 #   not-preloaded  pg_throttle installed but not in shared_preload_libraries
+#   soak           two clusters of its own (primary, synchronous standby) that the
+#                  fault-injection soak test crashes, restarts and fails over
+#                  (SOAK_CYCLES cycles, 6 by default)
 # Each suite's counts are appended to $PG_THROTTLE_RESULTS as "suite passed failed".
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$ROOT/test/results.sh"
 cd "$ROOT"
 
-profile=${1:?profile: main, small-registry, restart, failover or not-preloaded}
+profile=${1:?profile: main, small-registry, restart, failover, not-preloaded or soak}
 status=0
 case "$profile" in
 main)
@@ -38,6 +41,10 @@ failover)
     ;;
 not-preloaded)
     run_suite not-preloaded prove prove --verbose test/integration/not_preloaded.py || status=1
+    ;;
+soak)
+    run_suite soak-checker prove prove --verbose test/soak/checker_test.py || status=1
+    run_suite soak prove prove --verbose test/soak/soak.py || status=1
     ;;
 *)
     echo "unknown profile $profile" >&2

@@ -27,7 +27,7 @@ constexpr size_t kRecordBytes = 512;
 constexpr int kGenerationShift = 40;
 constexpr uint64 kOffsetMask = (uint64{1} << kGenerationShift) - 1;
 // A log is compacted once it is this long, or twice the last snapshot.
-constexpr uint64 kCompactAtBytes = uint64{4} * 1024 * 1024;
+constexpr uint64 kCompactAtBytes = uint64{256} * 1024;  // 512 records
 
 struct DiskRecord {
     uint32 magic;
