@@ -47,3 +47,23 @@ BEGIN
     RETURN FOUND;
 END
 $$;
+
+-- The lease table people write: a row per name with a token and an expiry,
+-- taken when absent or expired, deleted on release (each a committed, and so
+-- flushed, transaction).
+CREATE TABLE leases (name text PRIMARY KEY, token bigint NOT NULL, expires_at timestamptz NOT NULL);
+CREATE SEQUENCE lease_tokens;
+
+CREATE FUNCTION lease_take(n text, ttl interval) RETURNS bigint
+LANGUAGE sql AS $$
+    INSERT INTO leases AS l VALUES (n, nextval('lease_tokens'), clock_timestamp() + ttl)
+    ON CONFLICT (name) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at
+    WHERE l.expires_at <= clock_timestamp()
+    RETURNING token
+$$;
+
+CREATE FUNCTION lease_release(n text, t bigint) RETURNS boolean
+LANGUAGE sql AS $$
+    WITH d AS (DELETE FROM leases WHERE name = n AND token = t RETURNING 1)
+    SELECT count(*) > 0 FROM d
+$$;

@@ -26,8 +26,11 @@ constexpr size_t kRecordBytes = 512;
 // The append position: generation in the high bits, byte offset below.
 constexpr int kGenerationShift = 40;
 constexpr uint64 kOffsetMask = (uint64{1} << kGenerationShift) - 1;
-// A log is compacted once it is this long, or twice the last snapshot.
+// A log is compacted once it is this long, twice the last snapshot, or 16
+// bytes per registry entry: a compaction scans the whole registry, and that
+// scan is then paid for by at least one record per 32 entries.
 constexpr uint64 kCompactAtBytes = uint64{256} * 1024;  // 512 records
+constexpr uint64 kCompactBytesPerEntry = 16;
 
 struct DiskRecord {
     uint32 magic;
@@ -555,7 +558,8 @@ void lease_journal_redo(const LeaseRecord& record) {
 void lease_journal_maybe_compact(bool force) {
     const uint64 position = __atomic_load_n(&journal->position, __ATOMIC_ACQUIRE);
     const uint64 threshold =
-        std::max(kCompactAtBytes, 2 * __atomic_load_n(&journal->snapshot_bytes, __ATOMIC_RELAXED));
+        std::max({kCompactAtBytes, 2 * __atomic_load_n(&journal->snapshot_bytes, __ATOMIC_RELAXED),
+                  kCompactBytesPerEntry * static_cast<uint64>(registry_entry_count())});
     if (!force && (position & kOffsetMask) < threshold) {
         return;
     }
