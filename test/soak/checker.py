@@ -13,15 +13,19 @@ Each check returns a list of violations (strings); empty means the promise held.
 from collections import defaultdict
 
 
+def by_name(items, key=lambda item: item["name"]):
+    grouped = defaultdict(list)
+    for item in items:
+        grouped[key(item)].append(item)
+    return grouped
+
+
 def resource_violations(grants, every):
     """At most one grant per `every` per resource: two grants of one name
     whose decision times are surely less than `every` apart.
     `grants`: dicts with name, s, e (granted calls only)."""
     found = []
-    by_name = defaultdict(list)
-    for g in grants:
-        by_name[g["name"]].append(g)
-    for name, calls in by_name.items():
+    for name, calls in by_name(grants).items():
         calls.sort(key=lambda g: g["s"])
         for i, a in enumerate(calls):
             for b in calls[i + 1:]:
@@ -77,12 +81,8 @@ def holding_intervals(leases, ttl):
 def overlap_violations(intervals, what):
     """No two holders of one name at once. `intervals`: (name, begin, end, item)."""
     found = []
-    by_name = defaultdict(list)
-    for name, begin, end, item in intervals:
-        if begin < end:
-            by_name[name].append((begin, end, item))
-    for name, held in by_name.items():
-        held.sort(key=lambda h: h[0])
+    for name, held in by_name([i for i in intervals if i[1] < i[2]], key=lambda i: i[0]).items():
+        held = sorted(((begin, end, item) for _, begin, end, item in held), key=lambda h: h[0])
         latest_end = None
         latest = None
         for begin, end, item in held:
@@ -99,10 +99,7 @@ def token_violations(grants, what):
     (its call started after the other's answer) has a greater token.
     `grants`: dicts with name, token, s, e."""
     found = []
-    by_name = defaultdict(list)
-    for g in grants:
-        by_name[g["name"]].append(g)
-    for name, calls in by_name.items():
+    for name, calls in by_name(grants).items():
         calls.sort(key=lambda g: g["e"])
         for i, a in enumerate(calls):
             for b in calls[i + 1:]:

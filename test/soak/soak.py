@@ -42,7 +42,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 import checker  # noqa: E402
 import clients  # noqa: E402
-from cluster import BIN, gone  # noqa: E402
+from cluster import BIN, kill_postmaster  # noqa: E402
 from tap import Tap  # noqa: E402
 
 WORKLOAD = {"acquire": 2, "rate": 2, "lease": 3, "producer": 1, "worker": 3}
@@ -110,23 +110,7 @@ wal_keep_size = '64MB'
         raise RuntimeError(f"node on port {self.port} does not accept connections")
 
     def kill_postmaster(self):
-        with open(os.path.join(self.data, "postmaster.pid")) as f:
-            postmaster = int(f.readline())
-        children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True,
-                                  text=True).stdout.split()
-        os.kill(postmaster, signal.SIGKILL)
-        for _ in range(200):
-            if all(gone(int(pid)) for pid in children + [str(postmaster)]):
-                break
-            time.sleep(0.05)
-        # Nobody may reap the dead postmaster (PID 1 of a container): its
-        # lock files would name a "live" PID.
-        for lock in (os.path.join(self.data, "postmaster.pid"),
-                     os.path.join(self.dir, f".s.PGSQL.{self.port}.lock")):
-            try:
-                os.unlink(lock)
-            except FileNotFoundError:
-                pass
+        kill_postmaster(self.data, socket_dir=self.dir)
 
     def log_text(self):
         try:

@@ -1,6 +1,7 @@
 // wal.hpp brings in src/core: before any PostgreSQL header.
 #include "pg/durability/wal.hpp"
 
+#include "pg/atomic_raise.hpp"
 #include "pg/durability/durable_file.hpp"
 #include "pg/durability/fence.hpp"
 #include "pg/durability/sync_standbys.hpp"
@@ -42,13 +43,6 @@ LWLock* extend_lock = nullptr;
 
 int64 load(const int64* value) {
     return __atomic_load_n(value, __ATOMIC_ACQUIRE);
-}
-
-void raise(int64* value, int64 to) {
-    int64 seen = load(value);
-    while (seen < to && !__atomic_compare_exchange_n(value, &seen, to, true, __ATOMIC_ACQ_REL,
-                                                     __ATOMIC_ACQUIRE)) {
-    }
 }
 
 pg_crc32c file_crc(const FenceFileData& data) {
@@ -100,9 +94,9 @@ void fence_redo_limit(int64 limit) {
     // The primary may have handed out every token up to the limit.
     if (limit > load(&fence->limit)) {
         (void)write_limit_file(limit, ERROR);
-        raise(&fence->limit, limit);
+        atomic_raise(&fence->limit, limit);
     }
-    raise(&fence->last_token, limit);
+    atomic_raise(&fence->last_token, limit);
 }
 
 void fence_request_shmem() {
@@ -139,12 +133,12 @@ void fence_startup(bool registry_lost, bool ran_before) {
             (errmsg("pg_throttle fence file \"%s\" is %s", kFenceFile, problem),
              errdetail("Fence tokens continue from the clock in microseconds, " INT64_FORMAT ".",
                        limit)));
-        raise(&fence->last_token, limit);
+        atomic_raise(&fence->last_token, limit);
     }
     started_with_tokens = limit > 0;
     fence->limit = limit;
     if (registry_lost) {
-        raise(&fence->last_token, limit);
+        atomic_raise(&fence->last_token, limit);
     }
 }
 
@@ -183,7 +177,7 @@ void fence_reserve_ahead() {
     // promoted standby resumes above it. Until then nobody uses it (a cancel
     // raises an error here, and the next caller writes a block of its own).
     wait_for_sync_standbys(lsn);
-    raise(&fence->limit, new_limit);
+    atomic_raise(&fence->limit, new_limit);
 }
 
 int64 fence_next() {
@@ -196,7 +190,7 @@ int64 fence_last() {
 }
 
 void fence_raise_to(int64 token) {
-    raise(&fence->last_token, token);
+    atomic_raise(&fence->last_token, token);
 }
 
 bool fence_tokens_were_issued() {

@@ -1,5 +1,6 @@
 #include "pg/durability/lease_journal.hpp"
 
+#include "pg/atomic_raise.hpp"
 #include "pg/durability/durable_file.hpp"
 #include "pg/durability/fence.hpp"
 #include "pg/durability/wal.hpp"
@@ -357,13 +358,6 @@ void apply_if_newer(RegistryEntry* entry, void* ctx) {
     }
 }
 
-void raise_seq(int64 seq) {
-    int64 seen = __atomic_load_n(&journal->seq, __ATOMIC_ACQUIRE);
-    while (seen < seq && !__atomic_compare_exchange_n(&journal->seq, &seen, seq, true,
-                                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-    }
-}
-
 // --- compaction -----------------------------------------------------------------
 
 struct SnapshotBuffer {
@@ -516,7 +510,7 @@ bool lease_journal_startup(bool tokens_were_issued) {
                           errhint("Increase pg_throttle.max_entries.")));
         read.complete = false;
     }
-    raise_seq(read.max_seq);
+    atomic_raise(&journal->seq, read.max_seq);
     fence_raise_to(read.max_token);
     const uint64 generation = read.max_generation + 1;
     __atomic_store_n(&journal->position, generation << kGenerationShift, __ATOMIC_RELEASE);
@@ -534,7 +528,7 @@ bool lease_journal_startup(bool tokens_were_issued) {
 }
 
 void lease_journal_redo(const LeaseRecord& record) {
-    raise_seq(record.seq);
+    atomic_raise(&journal->seq, record.seq);
     fence_raise_to(record.token);
     RegistryKey key;
     key_of(record, &key);
