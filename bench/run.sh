@@ -12,7 +12,8 @@ source "$(dirname "$0")/../scripts/lib.sh"
 if [ "${1:-}" != "--inside" ]; then
     install_missing_packages bc redis-server
     build_and_install
-    pg_virtualenv -t -o shared_preload_libraries=pg_throttle -o max_connections=100 -o pg_throttle.max_entries=300000 \
+    # fsync on, as on a real server (pg_virtualenv turns it off): commits and lease grants flush.
+    pg_virtualenv -t -o fsync=on -o shared_preload_libraries=pg_throttle -o max_connections=100 -o pg_throttle.max_entries=300000 \
         -o shared_buffers=256MB "$0" --inside
     exec bash "$ROOT/bench/scale.sh"
 fi
@@ -61,5 +62,18 @@ echo "Redis $(redis-server --version | sed -n 's/.*v=\([0-9.]*\).*/\1/p'): redis
     "loopback TCP, like pgbench; $redis_keys keys preloaded, $redis_bytes_per_key bytes of used_memory per key."
 stop_redis
 rm -rf "$out"
+
+# What a durable lease costs one caller: one client, so the latency is the
+# call's own (the journal's fdatasync, unshared) and not a queue's.
+echo
+echo "One client, pgbench -M prepared, ${SECONDS_PER_RUN} s each: latency of a pair of calls"
+echo
+echo "| pair | ms per pair |"
+echo "|---|---:|"
+for script in select1_pair lock_unlock lease_unlock lease_row_pair; do
+    latency=$(pgbench -n -M prepared -c 1 -j 1 -T "$SECONDS_PER_RUN" -f "scripts/$script.sql" 2>/dev/null |
+        sed -n 's/^latency average = \([0-9.]*\) ms/\1/p')
+    printf '| %s | %s |\n' "$(grep "^$script " contenders.txt | sed "s/^$script *//")" "$latency"
+done
 
 bash "$ROOT/bench/queue.sh"

@@ -10,7 +10,7 @@ ENTRIES=2200000  # headroom: a registry kept full pays for sweeps (README, Limit
 KEYS=1000000
 
 if [ "${1:-}" != "--inside" ]; then
-    exec pg_virtualenv -t -o shared_preload_libraries=pg_throttle -o max_connections=100 \
+    exec pg_virtualenv -t -o fsync=on -o shared_preload_libraries=pg_throttle -o max_connections=100 \
         -o pg_throttle.max_entries=$ENTRIES -o shared_buffers=128MB "$0" --inside
 fi
 
