@@ -7,6 +7,11 @@ rc=0
 pg_virtualenv -t -o shared_preload_libraries=pg_throttle ./server-suites.sh main || rc=1
 pg_virtualenv -t -o shared_preload_libraries=pg_throttle -o pg_throttle.max_entries=100 \
     ./server-suites.sh small-registry || rc=1
+for phase in backend postmaster damaged-checkpoint; do
+    pg_virtualenv -t -o shared_preload_libraries=pg_throttle -o pg_throttle.max_lease=30 \
+        -o pg_throttle.checkpoint_interval=0 \
+        ./server-suites.sh crash "$phase" || rc=1
+done
 pg_virtualenv -t -o shared_preload_libraries=pg_throttle -o pg_throttle.max_lease=30 \
     -o pg_throttle.checkpoint_interval=0 \
     ./server-suites.sh restart || rc=1

@@ -3,7 +3,9 @@
 # environment (pg_virtualenv sets it). One profile per server configuration:
 #   main           pg_throttle preloaded, default settings: pg_regress, pgTAP, real clients
 #   small-registry pg_throttle preloaded, pg_throttle.max_entries = 100
-#   restart        pg_throttle preloaded, on a cluster the suites crash and restart themselves
+#   crash PHASE    pg_throttle preloaded, on a cluster the suite crashes itself (one per
+#                  fault: backend, postmaster, damaged-checkpoint)
+#   restart        pg_throttle preloaded, on a cluster the suite restarts (and crashes) itself
 #   failover       pg_throttle preloaded, a standby of it promoted after the primary stops
 #   not-preloaded  pg_throttle installed but not in shared_preload_libraries
 #   soak           two clusters of its own (primary, synchronous standby) that the
@@ -15,7 +17,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$ROOT/test/results.sh"
 cd "$ROOT"
 
-profile=${1:?profile: main, small-registry, restart, failover, not-preloaded or soak}
+profile=${1:?profile: main, small-registry, crash, restart, failover, not-preloaded or soak}
 status=0
 case "$profile" in
 main)
@@ -32,8 +34,11 @@ main)
 small-registry)
     run_suite registry-full prove prove --verbose test/integration/registry_full.py || status=1
     ;;
+crash)
+    phase=${2:?crash needs a phase: backend, postmaster or damaged-checkpoint}
+    run_suite "crash-$phase" prove prove --verbose test/integration/crash.py :: "$phase" || status=1
+    ;;
 restart)
-    run_suite crash prove prove --verbose test/integration/crash.py || status=1
     run_suite restart prove prove --verbose test/integration/restart.py || status=1
     ;;
 failover)

@@ -21,8 +21,16 @@ struct AcquireCall {
     bool granted;
 };
 
-core::IntervalWindow window_of(const RegistryEntry& entry) {
-    return core::IntervalWindow{entry.granted_at, entry.expires_at};
+// The window `call` is decided against. A resource born under the crash rule
+// counts as granted at the restart for every caller's interval: the longest
+// asked so far is stored, and this call's own counts too.
+core::IntervalWindow window_of(const RegistryEntry& entry, const AcquireCall& call) {
+    core::IntervalWindow window{entry.granted_at, entry.expires_at};
+    if (entry.born) {
+        window.closes_at =
+            std::max(window.closes_at, core::saturating_add(entry.granted_at, call.every));
+    }
+    return window;
 }
 
 // After a crash, a resource nobody has asked for since the restart counts as
@@ -36,7 +44,7 @@ void acquire_born(RegistryEntry* entry, core::Micros restart, void* ctx) {
 
 bool acquire_decide_shared(RegistryEntry* entry, void* ctx) {
     auto* call = static_cast<AcquireCall*>(ctx);
-    if (!core::window_denies(window_of(*entry), call->now)) {
+    if (!core::window_denies(window_of(*entry, *call), call->now)) {
         return false;  // a grant may be possible: decide under the exclusive lock
     }
     __atomic_fetch_add(&entry->denials, 1, __ATOMIC_RELAXED);
@@ -46,13 +54,16 @@ bool acquire_decide_shared(RegistryEntry* entry, void* ctx) {
 
 void acquire_apply_exclusive(RegistryEntry* entry, void* ctx) {
     auto* call = static_cast<AcquireCall*>(ctx);
-    const core::IntervalWindow current = window_of(*entry);
+    const core::IntervalWindow current = window_of(*entry, *call);
     const core::IntervalDecision decision = core::decide_interval(&current, call->now, call->every);
     call->granted = decision.granted;
     if (!decision.granted) {
         __atomic_fetch_add(&entry->denials, 1, __ATOMIC_RELAXED);
+        // A born window grows to the longest interval asked.
+        entry->expires_at = current.closes_at;
         return;
     }
+    entry->born = false;
     entry->granted_at = decision.window.granted_at;
     entry->expires_at = decision.window.closes_at;
     checkpoint_note_resource_grant();

@@ -63,10 +63,19 @@ struct ReserveCall {
 };
 
 // A bucket's state is its TAT, kept in expires_at; kLongExpired (a new
-// entry) is a full bucket.
+// entry) is a full bucket. A bucket born under the crash rule is empty at the
+// restart (granted_at) for every caller's shape.
+core::Micros tat_of(const ReserveCall& call, const RegistryEntry& entry) {
+    if (!entry.born) {
+        return entry.expires_at;
+    }
+    return std::max(entry.expires_at,
+                    core::saturating_add(entry.granted_at, call.request->shape.tolerance));
+}
+
 core::GcraDecision decide(const ReserveCall& call, const RegistryEntry& entry) {
-    return core::gcra_reserve(entry.expires_at, call.now, call.request->shape, call.request->cost,
-                              call.max_wait);
+    return core::gcra_reserve(tat_of(call, entry), call.now, call.request->shape,
+                              call.request->cost, call.max_wait);
 }
 
 void set_shape(RegistryEntry* entry, const BucketRequest& request) {
@@ -79,6 +88,7 @@ void set_shape(RegistryEntry* entry, const BucketRequest& request) {
 // at the restart: full again one burst later.
 void reserve_born(RegistryEntry* entry, core::Micros restart, void* ctx) {
     const auto* call = static_cast<const ReserveCall*>(ctx);
+    entry->granted_at = restart;
     entry->expires_at = core::saturating_add(restart, call->request->shape.tolerance);
     set_shape(entry, *call->request);
     strlcpy(entry->holder, "[unknown: granted before a crash]", sizeof entry->holder);
@@ -111,6 +121,7 @@ void reserve_apply_exclusive(RegistryEntry* entry, void* ctx) {
     }
     entry->expires_at = call->decision.tat;
     entry->granted_at = call->now;
+    entry->born = false;
     __atomic_fetch_add(&entry->grants, 1, __ATOMIC_RELAXED);
     entry->holder_pid = MyProcPid;
     memcpy(entry->holder, caller_holder().text, sizeof entry->holder);

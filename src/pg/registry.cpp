@@ -172,6 +172,7 @@ bool try_apply(const RegistryKey& key, uint32 hash, const EntryOp& op, void* ctx
         clear_state(entry);
         if (unknown_since.has_value() && op.born != nullptr) {
             op.born(entry, *unknown_since, ctx);
+            entry->born = true;
         }
     }
     op.apply_exclusive(entry, ctx);
@@ -442,6 +443,10 @@ void registry_scan_every(void (*visit)(const RegistryEntry& entry, void* ctx), v
 
 void registry_await_promotion() {
     shared_state->awaiting_promotion = true;
+}
+
+bool registry_awaiting_promotion() {
+    return __atomic_load_n(&shared_state->awaiting_promotion, __ATOMIC_ACQUIRE);
 }
 
 void registry_notice_promotion() {

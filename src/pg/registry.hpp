@@ -55,6 +55,11 @@ struct RegistryEntry {
         } lock;             // kLock and kQueueGroup
     } of;
     int32 holder_pid;
+    // Set when the entry was born under a crash rule (EntryOp::born) and
+    // nothing granted since: granted_at is the restart R, and each call
+    // decides as if granted at R on its own terms (interval, bucket shape),
+    // whatever the call that created the entry asked.
+    bool born;
     char holder[core::kMaxHolderBytes + 1];
 };
 
@@ -75,7 +80,7 @@ struct EntryOp {
     // after a crash, or a promotion): the kind's crash rule, as if granted
     // then. Called only while the kind's knowledge is incomplete; otherwise a
     // new entry is all zero, which every kind reads as free. Null for kinds
-    // whose knowledge is never incomplete.
+    // whose knowledge is never incomplete. The registry then sets `born`.
     void (*born)(RegistryEntry* entry, core::Micros unknown_since, void* ctx);
     // Under the shared lock. Returns true when the call is decided without
     // changing anything but counters.
@@ -176,5 +181,7 @@ void registry_scan_every(void (*visit)(const RegistryEntry& entry, void* ctx), v
 // read whole.
 void registry_await_promotion();
 void registry_notice_promotion();
+// Whether the registry still waits for its promotion (no call noticed it).
+bool registry_awaiting_promotion();
 
 }  // namespace pg_throttle::pg

@@ -108,7 +108,7 @@ def synchronous_standby(tap, primary, directory, port):
 
 
 def main():
-    tap = Tap(30)
+    tap = Tap(33)
     primary = connect()
     one(primary, "CREATE EXTENSION IF NOT EXISTS pg_throttle; SELECT 1")
     directory = tempfile.mkdtemp(prefix="pg_throttle_standby.")
@@ -122,6 +122,22 @@ def main():
 
     tokens = [one(primary, "SELECT throttle.lock('fo.t%s', ttl => '10 seconds')" % i)[0]
               for i in range(20)]
+    # Lease sequence numbers never go back, not even across clean restarts
+    # of the primary after which no lease holds the highest: the standby
+    # knows the name by its last number and would ignore lower ones.
+    for _ in range(3):
+        token = one(primary, "SELECT throttle.lock('fo.seq', ttl => '10 seconds')")[0]
+        one(primary, "SELECT throttle.unlock('fo.seq', %s)", (token,))
+    standby = reconnect(host="127.0.0.1", port=port)
+    wait_for_replay(primary, standby)
+    primary.close()
+    for _ in range(2):  # the first start compacts the journal to the leases in force
+        pg_ctlcluster("restart", "-m", "fast")
+    primary = reconnect()
+    seq_token = one(primary, "SELECT throttle.lock('fo.seq', ttl => '30 seconds')")[0]
+    tap.ok(wait_for_replay(primary, standby), "the standby follows the restarted primary")
+    tap.is_(one(standby, "SELECT token FROM throttle.locks WHERE name = 'fo.seq'"), (seq_token,),
+            "a lease granted after the primary's clean restarts reaches the standby")
     holder = connect()
     before = grant_before(tap, primary, holder, "fo")
     kept = one(primary, "SELECT throttle.lock('fo.kept', ttl => '30 seconds')")[0]
@@ -156,6 +172,14 @@ def main():
            "fence tokens continue above every token the primary handed out", repr((token, kept)))
     log = open(os.path.join(directory, "log")).read()
     tap.ok("pg_throttle noticed the promotion" in log, "the log says the promotion was noticed")
+    # A clean restart of the promoted server forgets nothing of the rule.
+    standby.close()
+    pg_ctl(directory, "restart", "-m", "fast")
+    standby = reconnect(host="127.0.0.1", port=port)
+    answers = [one(standby, "SELECT throttle.acquire('fo.after-restart', '1 hour')")[0]
+               for _ in range(2)]
+    tap.ok(answers == [False, False], "after a clean restart of the promoted server, a new "
+           "resource still counts as granted at the promotion (two calls)", repr(answers))
     # A crash of the promoted server: its journal has the primary's leases.
     pid = one(standby, "SELECT pg_backend_pid()")[0]
     os.kill(pid, 9)

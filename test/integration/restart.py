@@ -9,11 +9,19 @@ promise go:
   the crash rule instead of being forgotten;
 - a damaged or missing fence file: a WARNING, and tokens still grow;
 - a damaged lease journal: a WARNING, the leases it still holds, and every
-  other lock name held for pg_throttle.max_lease.
+  other lock name held for pg_throttle.max_lease, through later crashes and
+  clean restarts; a record damaged in the middle of a log counts as damage,
+  not as a write a crash cut short;
+- the crash rule outlives clean restarts, and each call decides on its own
+  interval or bucket shape;
+- a release whose WAL record was never flushed stays released after a
+  postmaster kill (redo does not bring back the grant).
 
 Restarts the cluster this suite runs against, so it runs on a cluster of its own
 (pg_throttle.max_lease = 30 s).
 """
+import datetime
+import glob
 import os
 import sys
 import time
@@ -101,7 +109,9 @@ def clean_restarts(tap, data_dir):
 
 def stale_state_file(tap, data_dir):
     """A server started as a standby never reads the state file; it must not
-    leave it for a later start either."""
+    leave it for a later start either. Promoted and stopped cleanly before any
+    call noticed the promotion, it must not pass off its own registry as
+    complete."""
     conn = connect()
     tap.ok(one(conn, "SELECT throttle.acquire('st.job', '1 second')")[0], "a one-second resource")
     conn.close()
@@ -113,6 +123,15 @@ def stale_state_file(tap, data_dir):
     tap.ok(not os.path.exists(state), "a server started as a standby removes the state file")
     conn = reconnect()
     tap.ok(one(conn, "SELECT pg_promote(true, 30)")[0], "and is promoted")
+    promoted = one(conn, "SELECT now()")[0]
+    conn.close()
+    pg_ctlcluster("restart", "-m", "fast")
+    conn = reconnect()
+    answers = [one(conn, "SELECT throttle.acquire('st.fresh', '1 hour')")[0] for _ in range(2)]
+    since = one(conn, "SELECT granted_at FROM throttle.status WHERE name = 'st.fresh'")
+    tap.ok(answers == [False, False] and since is not None and since[0] >= promoted,
+           "promoted and restarted before any call noticed the promotion: a new resource counts "
+           "as granted at that restart, after the promotion (two calls)", repr((answers, since)))
     time.sleep(1.5)  # the one-second window has ended
     kill_backend(conn)
     conn = reconnect()
@@ -121,9 +140,86 @@ def stale_state_file(tap, data_dir):
     conn.close()
 
 
+def crash_then_clean_restarts(tap, data_dir):
+    """The crash rule outlives clean restarts: a name first asked for after
+    them still counts as granted at the crash's restart. Each call decides on
+    its own terms: a short interval or a fast bucket asked first does not
+    shorten the rule for a longer one."""
+    kill_postmaster(data_dir)
+    pg_ctlcluster("start")
+    conn = reconnect()
+    # The restart R, from the entry a denied call leaves; then the test clock
+    # puts the calls at exact instants after it.
+    one(conn, "SELECT throttle.acquire('cr.probe', '1 hour')")
+    restart = one(conn, "SELECT granted_at FROM throttle.status WHERE name = 'cr.probe'")[0]
+    at = lambda delta: (restart + delta).isoformat()  # noqa: E731
+    execute(conn, "SET pg_throttle.test_clock = %s", (at(datetime.timedelta(seconds=1)),))
+    tap.ok(not one(conn, "SELECT throttle.acquire('cr.mixed', '2 seconds')")[0],
+           "after a postmaster kill, a new name asked for two seconds is not granted 1 s later")
+    one(conn, "SELECT * FROM throttle.take('cr.peeked', 1000, '1 second', 1000, 0)")
+    execute(conn, "SET pg_throttle.test_clock = %s", (at(datetime.timedelta(minutes=1)),))
+    tap.ok([one(conn, "SELECT throttle.acquire('cr.mixed', '1 hour')")[0] for _ in range(2)]
+           == [False, False],
+           "a minute later, the same name asked for an hour is still taken (two calls)")
+    tap.ok([one(conn, "SELECT allowed FROM throttle.take('cr.peeked', 10, '1 hour', 10)")[0]
+            for _ in range(2)] == [False, False],
+           "a bucket peeked with a fast shape is still empty for a slow one (two takes)")
+    conn.close()
+    for restart in (1, 2):
+        pg_ctlcluster("restart", "-m", "fast")
+        conn = reconnect()
+        answers = [one(conn, f"SELECT throttle.acquire('cr.unknown{restart}', '1 hour')")[0],
+                   one(conn, f"SELECT throttle.acquire('cr.unknown{restart}', '1 hour')")[0],
+                   one(conn, f"SELECT throttle.allow('cr.bucket{restart}', 10, '1 hour', 10)")[0],
+                   one(conn, f"SELECT throttle.allow('cr.bucket{restart}', 10, '1 hour', 10)")[0]]
+        tap.ok(answers == [False] * 4,
+               f"after the crash and {restart} clean restart(s), new names still count as "
+               "granted at the crash (two acquires, two allows)", repr(answers))
+        conn.close()
+
+
+def release_before_crash(tap, data_dir):
+    """A release is journaled but its WAL record is not flushed: after a
+    postmaster kill, redo of the (flushed) grant must not bring the lease back."""
+    conn = connect()
+    execute(conn, "ALTER SYSTEM SET wal_writer_delay = '10s'")
+    one(conn, "SELECT pg_reload_conf()")
+    time.sleep(0.5)
+    token = one(conn, "SELECT throttle.lock('rb.lease', ttl => '30 seconds')")[0]
+    tap.ok(one(conn, "SELECT throttle.unlock('rb.lease', %s)", (token,))[0], "a lease released")
+    conn.close()
+    kill_postmaster(data_dir)
+    pg_ctlcluster("start")
+    conn = reconnect()
+    again = [one(conn, "SELECT throttle.lock('rb.lease', ttl => '5 seconds')")[0] for _ in range(2)]
+    tap.ok(again[0] is not None and again[0] > token and again[1] is None,
+           "after a postmaster kill, the released lease stays released (two calls)", repr(again))
+    execute(conn, "ALTER SYSTEM RESET wal_writer_delay")
+    one(conn, "SELECT pg_reload_conf()")
+    conn.close()
+
+
+def many_generations(tap, data_dir):
+    """The journal's generation (one per compaction and per start) has no
+    bound that a long-lived server could reach: past 2^24 its logs are still
+    found."""
+    pg_ctlcluster("stop", "-m", "fast")
+    path = os.path.join(data_dir, "pg_throttle.lease_log.16777215")
+    open(path, "w").close()
+    os.chown(path, os.stat(data_dir).st_uid, os.stat(data_dir).st_gid)
+    pg_ctlcluster("start")
+    conn = reconnect()
+    token = one(conn, "SELECT throttle.lock('mg.lease', ttl => '30 seconds')")[0]
+    conn.close()
+    kill_postmaster(data_dir)
+    pg_ctlcluster("start")
+    conn = reconnect()
+    tap.is_(one(conn, "SELECT token FROM throttle.locks WHERE name = 'mg.lease'"), (token,),
+            "a lease journaled in generation 2^24 comes back after a postmaster kill")
+    conn.close()
+
+
 def smaller_registry(tap):
-    # A clean restart first: a complete registry, no crash rule in force.
-    pg_ctlcluster("restart", "-m", "fast")
     conn = connect()
     # 90 for an hour and 30 for two seconds: after the restart the short ones
     # expire and make room, so a name left out could be granted again.
@@ -186,23 +282,67 @@ def damaged_lease_journal(tap, data_dir):
             "the leases its logs still hold come back")
     tap.ok([one(conn, "SELECT throttle.lock('dj.never', ttl => '1 second') IS NULL")[0] for _ in range(2)]
            == [True, True], "any other lock name counts as leased by an unknown holder (two calls)")
+    # The rule outlives a crash and a clean restart (the journal then reads
+    # whole), until max_lease after the start that found the damage.
+    conn.close()
+    kill_postmaster(data_dir)
+    pg_ctlcluster("start")
+    pg_ctlcluster("restart", "-m", "fast")
+    conn = reconnect()
+    tap.ok([one(conn, "SELECT throttle.lock('dj.never', ttl => '1 second') IS NULL")[0] for _ in range(2)]
+           == [True, True], "after a postmaster kill and a clean restart, still held (two calls)")
+    tap.is_(one(conn, "SELECT token FROM throttle.locks WHERE name = 'dj.lease'"), (lease,),
+            "and the lease is still held by its holder")
     time.sleep(max(0.0, restarted + MAX_LEASE_S + 0.3 - time.time()))
     tap.ok(one(conn, "SELECT throttle.lock('dj.never', ttl => '1 second')")[0] is not None,
            "until pg_throttle.max_lease after the restart")
     conn.close()
 
 
+def damaged_record(tap, data_dir):
+    """A damaged record followed by whole ones was not torn by a crash: it was
+    damaged after it was written, and its lease is not known."""
+    conn = connect()
+    lost = one(conn, "SELECT throttle.lock('dr.lost', ttl => '30 seconds')")[0]
+    kept = one(conn, "SELECT throttle.lock('dr.kept', ttl => '30 seconds')")[0]
+    conn.close()
+    kill_postmaster(data_dir)
+    logs = sorted(glob.glob(os.path.join(data_dir, "pg_throttle.lease_log.*")),
+                  key=lambda p: int(p.rsplit(".", 1)[1]))
+    with open(logs[-1], "r+b") as f:
+        f.seek(40)  # inside the first record, past its magic number
+        byte = f.read(1)
+        f.seek(40)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    pg_ctlcluster("start")
+    conn = reconnect()
+    tap.ok("pg_throttle lease journal has 1 damaged records" in server_log(),
+           "a record damaged in the middle of a log: a WARNING")
+    tap.is_(one(conn, "SELECT token FROM throttle.locks WHERE name = 'dr.kept'"), (kept,),
+            "the lease after it comes back")
+    tap.ok([one(conn, "SELECT throttle.lock('dr.lost', ttl => '1 second') IS NULL")[0] for _ in range(2)]
+           == [True, True], "the damaged record's lease is not handed out again (two calls)",
+           repr(lost))
+    conn.close()
+
+
 def main():
-    tap = Tap(30)
+    tap = Tap(44)
     conn = connect()
     one(conn, "CREATE EXTENSION IF NOT EXISTS pg_throttle; SELECT 1")
     data_dir = one(conn, "SHOW data_directory")[0]
     conn.close()
-    clean_restarts(tap, data_dir)
+    # Each part leaves the crash rule in force for its successors, which use
+    # new names (or the test clock); the first needs a registry without it.
     smaller_registry(tap)
+    clean_restarts(tap, data_dir)
+    stale_state_file(tap, data_dir)
+    crash_then_clean_restarts(tap, data_dir)
+    release_before_crash(tap, data_dir)
+    many_generations(tap, data_dir)
     fence_file(tap, data_dir)
     damaged_lease_journal(tap, data_dir)
-    stale_state_file(tap, data_dir)
+    damaged_record(tap, data_dir)
     tap.done()
 
 

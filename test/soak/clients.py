@@ -2,9 +2,12 @@
 through faults and log every answer, with the client's clock before the call
 was sent (s) and after its answer came back (e), as JSON lines.
 
-A call whose connection dies has no answer: nothing is logged for it (a
-grant nobody learned of promises nothing to anyone). The client reconnects
-to whichever server is the primary now and goes on.
+A grant whose connection dies has no answer: nothing is logged for it (a
+grant nobody learned of promises nothing to anyone). A release (unlock,
+complete) whose answer is lost is logged with its start and no answer: it may
+have committed, and its holder stopped relying on the lease when it began to
+release it. The client reconnects to whichever server is the primary now and
+goes on.
 """
 import json
 import random
@@ -38,6 +41,17 @@ def connect_primary(ports):
         except psycopg2.Error:
             pass
     return None
+
+
+def release_call(log, op, conn, sql, params, **fields):
+    """call() for a release: logged with its start even when its answer is lost."""
+    s = time.time()
+    try:
+        return call(conn, sql, params)
+    except psycopg2.Error as e:
+        log(op=op, s=s, e=None, answer_lost=str(e).splitlines()[0] if str(e) else repr(e),
+            **fields)
+        raise
 
 
 def call(conn, sql, params=None):
@@ -116,7 +130,9 @@ class Client:
             self.log(op="renew", name=name, token=token, s=s, e=e, ok=ok)
             self.sleep(0.0, 0.8)
         if self.rng.random() < 0.8:
-            s, ok, e = call(self.conn, "SELECT throttle.unlock(%s, %s)", (name, token))
+            s, ok, e = release_call(self.log, "unlock", self.conn,
+                                    "SELECT throttle.unlock(%s, %s)", (name, token),
+                                    name=name, token=token, ok=None)
             self.log(op="unlock", name=name, token=token, s=s, e=e, ok=ok)
         # else: the lease simply runs out
 
@@ -159,7 +175,10 @@ class Client:
         ids = [r[0] for r in rows]
         self.log(op="claim", worker=worker, group=rows[0][1], token=rows[0][2], ids=ids, s=s, e=e)
         self.sleep(0.0, 0.3)
-        s, done, e = call(self.conn, "SELECT throttle.complete(%s, %s)", (ids, worker))
+        s, done, e = release_call(self.log, "complete", self.conn,
+                                  "SELECT throttle.complete(%s, %s)", (ids, worker),
+                                  worker=worker, group=rows[0][1], token=rows[0][2], ids=ids,
+                                  done=None)
         self.log(op="complete", worker=worker, group=rows[0][1], token=rows[0][2], ids=ids,
                  s=s, e=e, done=done)
 

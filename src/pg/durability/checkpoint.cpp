@@ -60,15 +60,18 @@ void restore_if_open(const RegistryEntry& entry, void* ctx) {
     }
 }
 
-void remove_file_durably(int elevel) {
+// False (errno set) when the file is there and could not be removed.
+bool remove_file_durably() {
     if (unlink(kCheckpointFile) != 0) {
-        if (errno != ENOENT) {
-            ereport(elevel, (errcode_for_file_access(),
-                             errmsg("could not remove \"%s\": %m", kCheckpointFile)));
-        }
-        return;
+        return errno == ENOENT;
     }
     fsync_fname(".", true);
+    return true;
+}
+
+void report_remove_failure(int elevel) {
+    ereport(elevel,
+            (errcode_for_file_access(), errmsg("could not remove \"%s\": %m", kCheckpointFile)));
 }
 
 Datum checkpoint_sql(FunctionCallInfo /*fcinfo*/) {
@@ -171,7 +174,12 @@ int64 checkpoint_write(bool only_if_changed) {
 
 void checkpoint_begin_forget() {
     LWLockAcquire(file_lock, LW_EXCLUSIVE);
-    remove_file_durably(ERROR);
+    if (!remove_file_durably()) {
+        const int saved = errno;
+        LWLockRelease(file_lock);
+        errno = saved;
+        report_remove_failure(ERROR);
+    }
 }
 
 void checkpoint_end_forget() {
@@ -199,7 +207,9 @@ int64 checkpoint_restore(core::Micros restart) {
 }
 
 void checkpoint_discard() {
-    remove_file_durably(LOG);
+    if (!remove_file_durably()) {
+        report_remove_failure(LOG);
+    }
 }
 
 }  // namespace pg_throttle::pg

@@ -115,7 +115,7 @@ void fence_attach_shmem() {
     extend_lock = &GetNamedLWLockTranche(kTrancheName)[0].lock;
 }
 
-void fence_startup(bool registry_lost, bool ran_before) {
+void fence_startup(bool ran_before) {
     int64 limit = read_limit_file();
     if (limit == kNoFile && !ran_before) {
         // A cluster's first start: the file exists from now on, so that a
@@ -137,9 +137,10 @@ void fence_startup(bool registry_lost, bool ran_before) {
     }
     started_with_tokens = limit > 0;
     fence->limit = limit;
-    if (registry_lost) {
-        atomic_raise(&fence->last_token, limit);
-    }
+}
+
+void fence_continue_from_limit() {
+    atomic_raise(&fence->last_token, fence->limit);
 }
 
 void fence_reserve_ahead() {

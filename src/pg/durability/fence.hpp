@@ -20,12 +20,15 @@ namespace pg_throttle::pg {
 void fence_request_shmem();
 void fence_attach_shmem();
 
-// In the postmaster at startup: reads the durable limit. When the registry
-// was lost (crash, damaged state file) the counter starts at the limit.
-// `ran_before`: pg_throttle ran on this data directory before, so a missing
-// file is treated as a damaged one (the clock, with a WARNING), never as a
-// fresh cluster's.
-void fence_startup(bool registry_lost, bool ran_before);
+// In the postmaster at startup: reads the durable limit. `ran_before`:
+// pg_throttle ran on this data directory before, so a missing file is
+// treated as a damaged one (the clock, with a WARNING), never as a fresh
+// cluster's.
+void fence_startup(bool ran_before);
+
+// After fence_startup, when the last token handed out is not known (a
+// crash, no usable state file): the counter continues from the limit.
+void fence_continue_from_limit();
 
 // WAL redo of a raised limit (wal.cpp).
 void fence_redo_limit(int64 limit);

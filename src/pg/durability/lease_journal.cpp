@@ -9,6 +9,7 @@ extern "C" {
 #include "access/xlog.h"
 #include "port/pg_crc32c.h"
 #include "storage/fd.h"
+#include "storage/spin.h"
 #include "utils/memutils.h"
 }
 
@@ -20,13 +21,10 @@ constexpr const char* kSnapshotTemp = "pg_throttle.leases.tmp";
 constexpr const char* kLogPrefix = "pg_throttle.lease_log.";
 constexpr uint32 kRecordMagic = 0x50474c52;    // "PGLR"
 constexpr uint32 kSnapshotMagic = 0x50474c53;  // "PGLS"
-constexpr uint32 kFormatVersion = 1;
+constexpr uint32 kFormatVersion = 2;
 // A record is one aligned 512-byte block: a torn or never-written block is
-// recognised by its CRC and skipped, and the next record is found anyway.
+// recognised by its CRC, and the next record is found anyway.
 constexpr size_t kRecordBytes = 512;
-// The append position: generation in the high bits, byte offset below.
-constexpr int kGenerationShift = 40;
-constexpr uint64 kOffsetMask = (uint64{1} << kGenerationShift) - 1;
 // A log is compacted once it is this long, twice the last snapshot, or 16
 // bytes per registry entry: a compaction scans the whole registry, and that
 // scan is then paid for by at least one record per 32 entries.
@@ -46,12 +44,21 @@ struct SnapshotHeader {
     uint32 format_version;
     uint64 generation;  // the log that continues this snapshot
     int64 records;
+    // The last sequence number handed out before the snapshot. Its records
+    // hold only live leases, but a standby may know a freed name by a higher
+    // number: numbers must never go back, or the standby ignores what follows.
+    int64 seq;
+    // Since when locks count as leased under the crash rule (a journal once
+    // read incomplete), or 0: carried until the next start re-applies it.
+    int64 locks_unknown_since;
     pg_crc32c crc;  // of the fields above
 };
 static_assert(std::is_trivially_copyable_v<SnapshotHeader>);
 
 struct JournalShared {
-    uint64 position;        // where the next record goes; __atomic builtins
+    slock_t mutex;          // guards generation and offset, read and moved together
+    uint64 generation;      // the log appends go to
+    uint64 offset;          // where the next record goes in it
     int64 seq;              // the last sequence number handed out; __atomic builtins
     uint64 snapshot_bytes;  // size of the last snapshot, for the compaction threshold
 };
@@ -59,8 +66,43 @@ static_assert(std::is_trivially_copyable_v<JournalShared>);
 
 JournalShared* journal = nullptr;
 
-uint64 generation_of(uint64 position) {
-    return position >> kGenerationShift;
+// The newest sequence number the journal held for each name at startup, in
+// the postmaster's memory (the startup process inherits it): WAL redo must
+// not bring back an older state of a name the journal knows newer, even a
+// name now free that the registry no longer has.
+struct JournalSeq {
+    RegistryKey key;
+    int64 seq;
+};
+HTAB* journal_seqs = nullptr;
+
+struct Place {
+    uint64 generation;
+    uint64 offset;
+};
+
+// Reserves the place of one record.
+Place reserve_place() {
+    SpinLockAcquire(&journal->mutex);
+    const Place place{journal->generation, journal->offset};
+    journal->offset += kRecordBytes;
+    SpinLockRelease(&journal->mutex);
+    return place;
+}
+
+Place current_place() {
+    SpinLockAcquire(&journal->mutex);
+    const Place place{journal->generation, journal->offset};
+    SpinLockRelease(&journal->mutex);
+    return place;
+}
+
+// From now on, appends go to the log of `generation`.
+void start_generation(uint64 generation) {
+    SpinLockAcquire(&journal->mutex);
+    journal->generation = generation;
+    journal->offset = 0;
+    SpinLockRelease(&journal->mutex);
 }
 
 void log_path(uint64 generation, char* path) {
@@ -134,9 +176,9 @@ void set_entry(RegistryEntry* entry, const LeaseRecord& lease) {
 bool append(const LeaseRecord& lease, bool sync) {
     alignas(8) char block[kRecordBytes];
     encode(lease, block);
-    const uint64 position = __atomic_fetch_add(&journal->position, kRecordBytes, __ATOMIC_ACQ_REL);
+    const Place place = reserve_place();
     char path[MAXPGPATH];
-    log_path(generation_of(position), path);
+    log_path(place.generation, path);
     // The log of the current generation exists (a compaction creates it
     // durably before appends go to it); O_CREAT only matters to a record
     // that reserved its place just before a compaction removed the log, and
@@ -145,7 +187,7 @@ bool append(const LeaseRecord& lease, bool sync) {
     if (fd < 0) {
         return false;
     }
-    const off_t offset = static_cast<off_t>(position & kOffsetMask);
+    const off_t offset = static_cast<off_t>(place.offset);
     bool written = pg_pwrite(fd, block, kRecordBytes, offset) == static_cast<ssize_t>(kRecordBytes);
     if (!written && errno == 0) {
         errno = ENOSPC;  // a short write sets no errno: assume a full disk
@@ -179,7 +221,13 @@ bool create_log(uint64 generation, int elevel) {
 // Writes the snapshot of `count` records (already encoded) as the start of
 // `generation`, durably. Reports at LOG and returns false when it cannot.
 bool write_snapshot(uint64 generation, const char* blocks, int64 count) {
-    SnapshotHeader header{kSnapshotMagic, kFormatVersion, generation, count, 0};
+    SnapshotHeader header{kSnapshotMagic,
+                          kFormatVersion,
+                          generation,
+                          count,
+                          __atomic_load_n(&journal->seq, __ATOMIC_ACQUIRE),
+                          registry_unknown_since(EntryKind::kLock).value_or(0),
+                          0};
     header.crc = header_crc(header);
     FILE* file = durable_file_create(kSnapshotTemp, LOG);
     if (file == nullptr) {
@@ -254,7 +302,9 @@ struct StartupRead {
     HTAB* latest;
     int64 max_seq;
     int64 max_token;
-    int64 skipped;  // torn or damaged blocks
+    int64 torn;     // damaged blocks at the end of a log: writes a crash cut short
+    int64 damaged;  // damaged blocks anywhere else
+    core::Micros locks_unknown_since;  // from the snapshot; 0 if none
     uint64 max_generation;
     uint64 snapshot_generation;
     bool have_snapshot;
@@ -275,23 +325,29 @@ void keep_if_newer(StartupRead* read, const LeaseRecord& lease) {
 }
 
 // Reads every block of `file` from where it stands; returns how many held a
-// record.
+// record. A crash can tear only writes still in flight, at the end of a log:
+// a damaged block with a whole record after it was damaged after it was
+// written (and perhaps fsynced), and its lease may be lost.
 int64 read_blocks(StartupRead* read, FILE* file) {
     alignas(8) char block[kRecordBytes];
     size_t got = 0;
     int64 records = 0;
+    int64 damaged_since_last_record = 0;
     while ((got = fread(block, 1, kRecordBytes, file)) == kRecordBytes) {
         LeaseRecord lease;
         if (decode(block, &lease)) {
             keep_if_newer(read, lease);
             records++;
+            read->damaged += damaged_since_last_record;
+            damaged_since_last_record = 0;
         } else if (memcmp(block, "\0\0\0\0", 4) != 0) {
-            read->skipped++;  // a block never written reads as zeros
+            damaged_since_last_record++;  // a block never written reads as zeros
         }
     }
     if (got != 0) {
-        read->skipped++;  // a torn last block
+        damaged_since_last_record++;  // a torn last block
     }
+    read->torn += damaged_since_last_record;
     return records;
 }
 
@@ -313,12 +369,14 @@ void read_snapshot(StartupRead* read) {
     }
     read->have_snapshot = true;
     read->snapshot_generation = header.generation;
+    read->max_seq = std::max(read->max_seq, header.seq);
+    read->locks_unknown_since = header.locks_unknown_since;
     read->max_generation = std::max(read->max_generation, header.generation);
-    const int64 skipped_before = read->skipped;
+    const int64 bad_before = read->torn + read->damaged;
     const int64 records = read_blocks(read, file);
     FreeFile(file);
     // A snapshot must hold exactly its records, all of them whole.
-    if (read->skipped != skipped_before || records != header.records) {
+    if (read->torn + read->damaged != bad_before || records != header.records) {
         ereport(WARNING, (errmsg("pg_throttle lease snapshot \"%s\" is damaged", kSnapshotFile)));
         read->complete = false;
     }
@@ -347,6 +405,7 @@ void read_log(const char* name, uint64 generation, void* ctx) {
 
 struct RedoCall {
     const LeaseRecord* lease;
+    int64 journal_seq;  // the name's number in the journal at startup
     bool applied;
 };
 
@@ -411,6 +470,7 @@ void lease_journal_attach_shmem() {
         ShmemInitStruct("pg_throttle lease journal", sizeof(JournalShared), &found));
     if (!found) {
         memset(journal, 0, sizeof *journal);
+        SpinLockInit(&journal->mutex);
     }
 }
 
@@ -472,17 +532,35 @@ bool lease_journal_startup(bool tokens_were_issued) {
         ereport(WARNING, (errmsg("pg_throttle lease journal \"%s\" is missing", kSnapshotFile)));
         read.complete = false;
     }
-    if (read.skipped > 0) {
-        ereport(LOG, (errmsg("pg_throttle lease journal: skipped %lld torn or damaged records",
-                             static_cast<long long>(read.skipped)),
+    if (read.damaged > 0) {
+        ereport(WARNING, (errmsg("pg_throttle lease journal has %lld damaged records",
+                                 static_cast<long long>(read.damaged)),
+                          errdetail("Records were damaged after they were written: their leases "
+                                    "are not known.")));
+        read.complete = false;
+    }
+    if (read.torn > 0) {
+        ereport(LOG, (errmsg("pg_throttle lease journal: skipped %lld torn records at the end of "
+                             "a log",
+                             static_cast<long long>(read.torn)),
                       errdetail("A record being written when the server stopped is torn; its "
                                 "lease was never returned to anyone.")));
     }
 
     // The leases still in force go back into the registry, and into the
-    // snapshot that starts the next generation.
-    const core::Micros now = GetCurrentTimestamp();
+    // snapshot that starts the next generation. The newest number of every
+    // name stays for WAL redo (journal_seqs).
+    if (journal_seqs != nullptr) {
+        hash_destroy(journal_seqs);  // from the start before a reinitialisation
+    }
+    HASHCTL seqs_info{};
+    seqs_info.keysize = sizeof(RegistryKey);
+    seqs_info.entrysize = sizeof(JournalSeq);
+    seqs_info.hcxt = TopMemoryContext;
     const int64 names = hash_get_num_entries(read.latest);
+    journal_seqs = hash_create("pg_throttle lease journal numbers", std::max<int64>(names, 16),
+                               &seqs_info, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+    const core::Micros now = GetCurrentTimestamp();
     char* blocks = static_cast<char*>(
         palloc_extended(std::max<int64>(names, 1) * kRecordBytes, MCXT_ALLOC_HUGE));
     int64 restored = 0;
@@ -490,6 +568,9 @@ bool lease_journal_startup(bool tokens_were_issued) {
     HASH_SEQ_STATUS scan;
     hash_seq_init(&scan, read.latest);
     while (auto* latest = static_cast<Latest*>(hash_seq_search(&scan))) {
+        auto* seq =
+            static_cast<JournalSeq*>(hash_search(journal_seqs, &latest->key, HASH_ENTER, nullptr));
+        seq->seq = latest->lease.seq;
         if (!in_force(latest->lease, now)) {
             continue;
         }
@@ -510,12 +591,21 @@ bool lease_journal_startup(bool tokens_were_issued) {
                           errhint("Increase pg_throttle.max_entries.")));
         read.complete = false;
     }
+    // Locks fall under the crash rule from now when the journal was not read
+    // whole, or still from an earlier start that could not read it: the
+    // snapshot carries that time until a start applies it again.
+    if (!read.complete) {
+        registry_mark_unknown_since(EntryKind::kLock, now);
+    } else if (read.locks_unknown_since != 0) {
+        registry_mark_unknown_since(EntryKind::kLock, read.locks_unknown_since);
+    }
     atomic_raise(&journal->seq, read.max_seq);
     fence_raise_to(read.max_token);
     const uint64 generation = read.max_generation + 1;
-    __atomic_store_n(&journal->position, generation << kGenerationShift, __ATOMIC_RELEASE);
+    start_generation(generation);
     if (!create_log(generation, WARNING) || !switch_generation(generation, blocks, restored)) {
         // The older files stay; the next start reads them again.
+        registry_mark_unknown_since(EntryKind::kLock, now);
         read.complete = false;
     }
     if (found_any) {
@@ -532,7 +622,15 @@ void lease_journal_redo(const LeaseRecord& record) {
     fence_raise_to(record.token);
     RegistryKey key;
     key_of(record, &key);
-    RedoCall call{&record, false};
+    RedoCall call{&record, 0, false};
+    if (journal_seqs != nullptr) {
+        const auto* known =
+            static_cast<const JournalSeq*>(hash_search(journal_seqs, &key, HASH_FIND, nullptr));
+        call.journal_seq = known != nullptr ? known->seq : 0;
+    }
+    if (record.seq <= call.journal_seq) {
+        return;  // the journal had this name's state, or a newer one, at startup
+    }
     if (!registry_upsert(key, apply_if_newer, &call)) {
         ereport(WARNING, (errmsg("pg_throttle registry is full: a replayed lease is not kept"),
                           errdetail("Locks count as held until pg_throttle.max_lease from now."),
@@ -550,21 +648,21 @@ void lease_journal_redo(const LeaseRecord& record) {
 }
 
 void lease_journal_maybe_compact(bool force) {
-    const uint64 position = __atomic_load_n(&journal->position, __ATOMIC_ACQUIRE);
+    const Place place = current_place();
     const uint64 threshold =
         std::max({kCompactAtBytes, 2 * __atomic_load_n(&journal->snapshot_bytes, __ATOMIC_RELAXED),
                   kCompactBytesPerEntry * static_cast<uint64>(registry_entry_count())});
-    if (!force && (position & kOffsetMask) < threshold) {
+    if (!force && place.offset < threshold) {
         return;
     }
-    const uint64 generation = generation_of(position) + 1;
+    const uint64 generation = place.generation + 1;
     if (!create_log(generation, LOG)) {
         return;
     }
     // From here appends go to the new log. Every change whose record went to
     // an older log was made in the registry before its place was reserved,
     // so the copy below holds it.
-    __atomic_store_n(&journal->position, generation << kGenerationShift, __ATOMIC_RELEASE);
+    start_generation(generation);
     // Sized (and touched) before the copy, with room for leases added meanwhile.
     int64 leases = 0;
     registry_scan_every(count_lock_entry, &leases);

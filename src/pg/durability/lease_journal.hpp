@@ -61,7 +61,8 @@ void lease_journal_attach_shmem();
 // In the postmaster at startup, before WAL redo: reads the journal into the
 // registry (leases still in force) and compacts it. Returns whether it was
 // read whole; when not (a damaged or missing file, a lease that did not fit
-// in the registry) the caller applies the crash rule to locks.
+// in the registry) locks fall under the crash rule from now, and the
+// journal's snapshot carries that until a later start applies it again.
 // `tokens_were_issued`: the fence shows that some lease may exist.
 bool lease_journal_startup(bool tokens_were_issued);
 

@@ -67,7 +67,14 @@ void dump_at_shutdown(int code, Datum /*arg*/) {
     }
     DumpCount count{GetCurrentTimestamp(), 0};
     registry_visit_all(count_entry, &count);
-    const StateFileInfo info{count.entries, fence_last(), count.now};
+    // A standby's registry (or a promoted one's that no call has told of its
+    // promotion yet) never knew the primary's grants: from now on, resources
+    // and buckets count as unknown, whoever starts from this file.
+    const bool standby = registry_awaiting_promotion();
+    const StateFileInfo info{
+        count.entries, fence_last(), count.now,
+        standby ? count.now : registry_unknown_since(EntryKind::kResource).value_or(0),
+        standby ? count.now : registry_unknown_since(EntryKind::kBucket).value_or(0)};
     if (state_file_write(kStateTemp, info, emit_registry, &count.now) &&
         durable_rename(kStateTemp, kStateFile, LOG) == 0) {
         (void)durable_unlink(kRunningMarker, LOG);
@@ -97,6 +104,13 @@ bool load_state() {
     }
     if (found) {
         fence_raise_to(info.last_token);
+        // A crash rule in force at the shutdown stays in force.
+        if (info.resources_unknown_since != 0) {
+            registry_mark_unknown_since(EntryKind::kResource, info.resources_unknown_since);
+        }
+        if (info.buckets_unknown_since != 0) {
+            registry_mark_unknown_since(EntryKind::kBucket, info.buckets_unknown_since);
+        }
         ereport(LOG, (errmsg("pg_throttle restored %lld resources and buckets",
                              static_cast<long long>(counts[0]))));
     }
@@ -152,13 +166,18 @@ void persistence_startup() {
     const bool from_backup = file_exists("standby.signal") || file_exists("recovery.signal");
     const bool crashed = file_exists(kRunningMarker);
     const bool ran_before = crashed || file_exists(kStateFile) || file_exists(kLeaseSnapshot);
+    fence_startup(ran_before);
+    // Leases first: they are the exact promise. Resources and buckets that
+    // no longer fit fall under the crash rule, which costs little.
+    const bool leases_complete = lease_journal_startup(fence_tokens_were_issued());
     // The state file is read only after this server's own clean shutdown;
     // otherwise it is stale (a crash came after it was read, or it was
     // copied) and removed, never left for a later start to read.
     const bool restored = !from_backup && !crashed && load_state();
     const bool lost = !restored;
-    fence_startup(lost, ran_before);
-    const bool leases_complete = lease_journal_startup(fence_tokens_were_issued());
+    if (lost) {
+        fence_continue_from_limit();
+    }
     const core::Micros restart = GetCurrentTimestamp();
     if (from_backup) {
         checkpoint_discard();
@@ -176,7 +195,6 @@ void persistence_startup() {
                            static_cast<long long>(kept))));
     }
     if (!leases_complete) {
-        registry_mark_unknown_since(EntryKind::kLock, restart);
         ereport(WARNING, (errmsg("pg_throttle could not read its lease journal whole: locks not "
                                  "known since now count as leased until pg_throttle.max_lease "
                                  "from now")));

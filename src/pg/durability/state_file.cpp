@@ -11,7 +11,7 @@ namespace pg_throttle::pg {
 namespace {
 
 constexpr uint32 kMagic = 0x50475448;  // "PGTH"
-constexpr uint32 kFormatVersion = 3;   // 3: resources and buckets only
+constexpr uint32 kFormatVersion = 4;   // 4: with the crash rules in force
 
 struct StateHeader {
     uint32 magic;
@@ -21,6 +21,8 @@ struct StateHeader {
     int64 entries;
     int64 last_token;
     int64 taken_at;
+    int64 resources_unknown_since;
+    int64 buckets_unknown_since;
 };
 static_assert(std::is_trivially_copyable_v<StateHeader>);
 
@@ -57,8 +59,15 @@ bool state_file_write(const char* path, const StateFileInfo& info, EntrySource s
         return false;
     }
     INIT_CRC32C(state.crc);
-    const StateHeader header{kMagic,       kFormatVersion,  sizeof(RegistryEntry), 0,
-                             info.entries, info.last_token, info.taken_at};
+    const StateHeader header{kMagic,
+                             kFormatVersion,
+                             sizeof(RegistryEntry),
+                             0,
+                             info.entries,
+                             info.last_token,
+                             info.taken_at,
+                             info.resources_unknown_since,
+                             info.buckets_unknown_since};
     write_bytes(&state, &header, sizeof header);
     source(emit_entry, &state, source_ctx);
     FIN_CRC32C(state.crc);
@@ -121,7 +130,8 @@ const char* state_file_read(const char* path, bool (*restore)(const RegistryEntr
     }
     FreeFile(file);
     if (problem == nullptr) {
-        *info = StateFileInfo{header.entries, header.last_token, header.taken_at};
+        *info = StateFileInfo{header.entries, header.last_token, header.taken_at,
+                              header.resources_unknown_since, header.buckets_unknown_since};
     }
     return problem;
 }

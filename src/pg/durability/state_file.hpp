@@ -1,7 +1,7 @@
 // The registry file format, shared by the shutdown dump (pg_throttle.state)
-// and the periodic checkpoint (pg_throttle.checkpoint): a header with a magic
-// number, a format version, the entry size, the count, the fence counter and
-// the time it was taken; the entries; a CRC-32C of all of it.
+// (pg_throttle.state): a header with a magic number, a format version, the
+// entry size, the count, the fence counter, the time it was taken and the
+// crash rules in force; the entries; a CRC-32C of all of it.
 #pragma once
 
 // registry.hpp brings in src/core: before any PostgreSQL header.
@@ -13,6 +13,11 @@ struct StateFileInfo {
     int64 entries;
     int64 last_token;
     core::Micros taken_at;  // real clock
+    // Since when resources and buckets fall under the crash rule (a crash
+    // or a promotion before this clean shutdown), or 0: a clean restart
+    // must not forget it.
+    core::Micros resources_unknown_since;
+    core::Micros buckets_unknown_since;
 };
 
 // Writes `info.entries` entries, produced by `source` calling `emit` for
