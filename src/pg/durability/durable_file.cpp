@@ -1,6 +1,7 @@
 #include "pg/durability/durable_file.hpp"
 
 extern "C" {
+#include "port/pg_crc32c.h"
 #include "storage/fd.h"
 }
 
@@ -28,6 +29,14 @@ bool durable_file_close(FILE* file, const char* path, bool written, int elevel) 
     errno = saved == 0 ? ENOSPC : saved;  // a short write sets no errno: assume a full disk
     ereport(elevel, (errcode_for_file_access(), errmsg("could not write \"%s\": %m", path)));
     return false;
+}
+
+uint32 crc32c_of(const void* data, size_t len) {
+    pg_crc32c crc = 0;
+    INIT_CRC32C(crc);
+    COMP_CRC32C(crc, data, len);
+    FIN_CRC32C(crc);
+    return crc;
 }
 
 }  // namespace pg_throttle::pg

@@ -15,4 +15,8 @@ FILE* durable_file_create(const char* path, int elevel);
 // On any failure removes `path`, reports at `elevel` and returns false.
 bool durable_file_close(FILE* file, const char* path, bool written, int elevel);
 
+// The CRC-32C of `len` bytes: the check every pg_throttle file and record
+// carries.
+uint32 crc32c_of(const void* data, size_t len);
+
 }  // namespace pg_throttle::pg

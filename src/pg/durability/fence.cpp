@@ -46,11 +46,7 @@ int64 load(const int64* value) {
 }
 
 pg_crc32c file_crc(const FenceFileData& data) {
-    pg_crc32c crc = 0;
-    INIT_CRC32C(crc);
-    COMP_CRC32C(crc, &data, offsetof(FenceFileData, crc));
-    FIN_CRC32C(crc);
-    return crc;
+    return crc32c_of(&data, offsetof(FenceFileData, crc));
 }
 
 // Writes the limit under a temporary name, fsyncs it and renames it into

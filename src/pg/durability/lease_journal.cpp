@@ -110,11 +110,7 @@ void log_path(uint64 generation, char* path) {
 }
 
 pg_crc32c record_crc(const DiskRecord& disk) {
-    pg_crc32c crc = 0;
-    INIT_CRC32C(crc);
-    COMP_CRC32C(crc, &disk.lease, sizeof disk.lease);
-    FIN_CRC32C(crc);
-    return crc;
+    return crc32c_of(&disk.lease, sizeof disk.lease);
 }
 
 void encode(const LeaseRecord& lease, char* block) {
@@ -140,11 +136,7 @@ bool decode(const char* block, LeaseRecord* lease) {
 }
 
 pg_crc32c header_crc(const SnapshotHeader& header) {
-    pg_crc32c crc = 0;
-    INIT_CRC32C(crc);
-    COMP_CRC32C(crc, &header, offsetof(SnapshotHeader, crc));
-    FIN_CRC32C(crc);
-    return crc;
+    return crc32c_of(&header, offsetof(SnapshotHeader, crc));
 }
 
 void key_of(const LeaseRecord& lease, RegistryKey* key) {
