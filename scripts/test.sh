@@ -30,7 +30,7 @@ test/run-server-profiles.sh
 expected_suites=21
 echo
 echo "Suites:"
-awk '{printf "  %-14s %4d passed, %d failed\n", $1, $2, $3}' "$PG_THROTTLE_RESULTS"
+awk '{printf "  %-26s %4d passed, %d failed\n", $1, $2, $3}' "$PG_THROTTLE_RESULTS"
 suites=$(wc -l <"$PG_THROTTLE_RESULTS")
 passed=$(awk '{s += $2} END {print s + 0}' "$PG_THROTTLE_RESULTS")
 failed=$(awk '{s += $3} END {print s + 0}' "$PG_THROTTLE_RESULTS")
