@@ -121,7 +121,11 @@ void reserve_apply_exclusive(RegistryEntry* entry, void* ctx) {
     }
     entry->expires_at = call->decision.tat;
     entry->granted_at = call->now;
-    entry->born = false;
+    // A grant replaces the born state; a reservation a waiter may still give
+    // back (throttle.wait) does not: a bucket born empty at R stays so.
+    if (call->max_wait == 0) {
+        entry->born = false;
+    }
     __atomic_fetch_add(&entry->grants, 1, __ATOMIC_RELAXED);
     entry->holder_pid = MyProcPid;
     memcpy(entry->holder, caller_holder().text, sizeof entry->holder);

@@ -472,12 +472,9 @@ void registry_notice_promotion() {
         }
         shared_state->unknown_since[static_cast<uint8>(EntryKind::kResource)] = now;
         shared_state->unknown_since[static_cast<uint8>(EntryKind::kBucket)] = now;
-        // Leases the standby could not know (its lease journal was not read
-        // whole) are held for pg_throttle.max_lease from the promotion.
-        core::Micros& locks = shared_state->unknown_since[static_cast<uint8>(EntryKind::kLock)];
-        if (locks != kKnown) {
-            locks = now;
-        }
+        // Locks keep the rule they have: a lease the standby could not know
+        // was granted before its start (later ones reach it through WAL, or
+        // it says so itself), so it ends before the rule's end.
         __atomic_store_n(&shared_state->awaiting_promotion, false, __ATOMIC_RELEASE);
         forgot = true;
     }

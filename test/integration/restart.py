@@ -26,6 +26,8 @@ import os
 import sys
 import time
 
+import psycopg2
+
 sys.path.insert(0, os.path.dirname(__file__))
 from cluster import (execute, kill_backend, kill_postmaster, pg_ctlcluster,  # noqa: E402
                      reconnect, server_log)
@@ -148,6 +150,20 @@ def crash_then_clean_restarts(tap, data_dir):
     kill_postmaster(data_dir)
     pg_ctlcluster("start")
     conn = reconnect()
+    # A wait cancelled while it sleeps gives its reservation back, and the
+    # bucket is again what the rule says: empty at R for every shape.
+    execute(conn, "SET statement_timeout = '1s'")
+    try:
+        one(conn, "SELECT throttle.wait('cr.waited', 10, '1 minute', 10, 1)")
+        cancelled = False
+    except psycopg2.Error as e:
+        cancelled = e.pgcode == "57014"
+    execute(conn, "RESET statement_timeout")
+    takes = [one(conn, "SELECT allowed FROM throttle.take('cr.waited', 100, '1 hour', 100, 50)")[0]
+             for _ in range(2)]
+    tap.ok(cancelled and takes == [False, False],
+           "after a postmaster kill, a wait cancelled while it sleeps leaves the bucket empty "
+           "(two takes)")
     # The restart R, from the entry a denied call leaves; then the test clock
     # puts the calls at exact instants after it.
     one(conn, "SELECT throttle.acquire('cr.probe', '1 hour')")
@@ -327,7 +343,7 @@ def damaged_record(tap, data_dir):
 
 
 def main():
-    tap = Tap(44)
+    tap = Tap(45)
     conn = connect()
     one(conn, "CREATE EXTENSION IF NOT EXISTS pg_throttle; SELECT 1")
     data_dir = one(conn, "SHOW data_directory")[0]

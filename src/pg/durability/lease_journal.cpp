@@ -19,6 +19,12 @@ namespace {
 constexpr const char* kSnapshotFile = "pg_throttle.leases";
 constexpr const char* kSnapshotTemp = "pg_throttle.leases.tmp";
 constexpr const char* kLogPrefix = "pg_throttle.lease_log.";
+// Written (durably) when a running server stops knowing some lease (a
+// replayed lease that did not fit, a record it could not journal): the time
+// locks fall under the crash rule from, until a start carries it into the
+// snapshot.
+constexpr const char* kLocksUnknownFile = "pg_throttle.locks_unknown";
+constexpr const char* kLocksUnknownTemp = "pg_throttle.locks_unknown.tmp";
 constexpr uint32 kRecordMagic = 0x50474c52;    // "PGLR"
 constexpr uint32 kSnapshotMagic = 0x50474c53;  // "PGLS"
 constexpr uint32 kFormatVersion = 2;
@@ -210,6 +216,30 @@ bool create_log(uint64 generation, int elevel) {
     return true;
 }
 
+// Since when locks fall under the crash rule, or 0 when they do not, or no
+// longer can: a lock born at R is free from R + pg_throttle.max_lease on.
+core::Micros locks_rule_in_force(core::Micros now) {
+    const std::optional<core::Micros> since = registry_unknown_since(EntryKind::kLock);
+    if (!since.has_value() || core::saturating_add(*since, registry_max_lease()) <= now) {
+        return 0;
+    }
+    return *since;
+}
+
+// The time in pg_throttle.locks_unknown: 0 when there is none, `now` when
+// it cannot be read (the rule then starts at this start).
+core::Micros read_locks_unknown_file(core::Micros now) {
+    FILE* file = AllocateFile(kLocksUnknownFile, PG_BINARY_R);
+    if (file == nullptr) {
+        return errno == ENOENT ? 0 : now;
+    }
+    int64 data[2] = {0, 0};  // the time, its CRC
+    const bool whole = fread(data, 1, sizeof data, file) == sizeof data &&
+                       static_cast<uint32>(data[1]) == crc32c_of(&data[0], sizeof data[0]);
+    FreeFile(file);
+    return whole ? data[0] : now;
+}
+
 // Writes the snapshot of `count` records (already encoded) as the start of
 // `generation`, durably. Reports at LOG and returns false when it cannot.
 bool write_snapshot(uint64 generation, const char* blocks, int64 count) {
@@ -218,7 +248,7 @@ bool write_snapshot(uint64 generation, const char* blocks, int64 count) {
                           generation,
                           count,
                           __atomic_load_n(&journal->seq, __ATOMIC_ACQUIRE),
-                          registry_unknown_since(EntryKind::kLock).value_or(0),
+                          locks_rule_in_force(GetCurrentTimestamp()),
                           0};
     header.crc = header_crc(header);
     FILE* file = durable_file_create(kSnapshotTemp, LOG);
@@ -446,6 +476,21 @@ void add_lock_entry(const RegistryEntry& entry, void* ctx) {
     buffer->count++;
 }
 
+// A running server no longer knows some lease: locks fall under the crash
+// rule from now, and a file says so to every later start (a restart would
+// otherwise read the journal as whole). If even that file cannot be
+// written, the server cannot keep the promise across a restart: PANIC, as
+// PostgreSQL does when it cannot write its own state.
+void lose_track_of_leases() {
+    const core::Micros now = GetCurrentTimestamp();
+    registry_mark_unknown_since(EntryKind::kLock, now);
+    const int64 data[2] = {now, static_cast<int64>(crc32c_of(&now, sizeof now))};
+    FILE* file = durable_file_create(kLocksUnknownTemp, PANIC);
+    const bool written = fwrite(data, 1, sizeof data, file) == sizeof data;
+    (void)durable_file_close(file, kLocksUnknownTemp, written, PANIC);
+    (void)durable_rename(kLocksUnknownTemp, kLocksUnknownFile, PANIC);
+}
+
 }  // namespace
 
 bool lease_is_journaled(const RegistryEntry& entry) {
@@ -584,14 +629,19 @@ bool lease_journal_startup(bool tokens_were_issued) {
         read.complete = false;
     }
     // Locks fall under the crash rule from now when the journal was not read
-    // whole, or still from an earlier start that could not read it: the
-    // snapshot carries that time until a start applies it again.
+    // whole, or still from an earlier start or a running server that lost
+    // track of a lease: the snapshot carries that time until it has passed.
+    const core::Micros carried = std::max(read.locks_unknown_since, read_locks_unknown_file(now));
     if (!read.complete) {
         registry_mark_unknown_since(EntryKind::kLock, now);
-    } else if (read.locks_unknown_since != 0) {
-        registry_mark_unknown_since(EntryKind::kLock, read.locks_unknown_since);
+    } else if (carried != 0 && core::saturating_add(carried, registry_max_lease()) > now) {
+        registry_mark_unknown_since(EntryKind::kLock, carried);
     }
-    atomic_raise(&journal->seq, read.max_seq);
+    // Sequence numbers never go back, even when the journal that knew the
+    // last one cannot be read (a standby still knows names by it): the
+    // clock in microseconds is above any number handed out unless changes
+    // outran one per microsecond.
+    atomic_raise(&journal->seq, std::max(read.max_seq, now));
     fence_raise_to(read.max_token);
     const uint64 generation = read.max_generation + 1;
     start_generation(generation);
@@ -599,6 +649,8 @@ bool lease_journal_startup(bool tokens_were_issued) {
         // The older files stay; the next start reads them again.
         registry_mark_unknown_since(EntryKind::kLock, now);
         read.complete = false;
+    } else if (carried != 0 && unlink(kLocksUnknownFile) == 0) {
+        fsync_fname(".", true);  // the snapshot carries it now
     }
     if (found_any) {
         ereport(LOG, (errmsg("pg_throttle restored %lld leases from its lease journal",
@@ -627,15 +679,14 @@ void lease_journal_redo(const LeaseRecord& record) {
         ereport(WARNING, (errmsg("pg_throttle registry is full: a replayed lease is not kept"),
                           errdetail("Locks count as held until pg_throttle.max_lease from now."),
                           errhint("Increase pg_throttle.max_entries.")));
-        registry_mark_unknown_since(EntryKind::kLock, GetCurrentTimestamp());
+        lose_track_of_leases();
         return;
     }
     if (call.applied && !append(record, record.token != 0)) {
-        ereport(
-            WARNING,
-            (errcode_for_file_access(), errmsg("could not write the pg_throttle lease journal: %m"),
-             errdetail("Locks count as held until pg_throttle.max_lease after a restart.")));
-        registry_mark_unknown_since(EntryKind::kLock, GetCurrentTimestamp());
+        ereport(WARNING, (errcode_for_file_access(),
+                          errmsg("could not write the pg_throttle lease journal: %m"),
+                          errdetail("Locks count as held until pg_throttle.max_lease from now.")));
+        lose_track_of_leases();
     }
 }
 
