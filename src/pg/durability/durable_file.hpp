@@ -19,4 +19,14 @@ bool durable_file_close(FILE* file, const char* path, bool written, int elevel);
 // carries.
 uint32 crc32c_of(const void* data, size_t len);
 
+// A file that holds one 64-bit value (a magic number naming what it holds,
+// a format version, the value, a CRC), written under `temp`, fsynced and
+// renamed into place. Reports at `elevel` and returns false when it cannot.
+bool durable_value_write(const char* path, const char* temp, uint32 magic, int64 value, int elevel);
+
+enum class ValueFile { kRead, kMissing, kDamaged };
+
+// Reads the value of a file durable_value_write wrote with `magic`.
+ValueFile durable_value_read(const char* path, uint32 magic, int64* value);
+
 }  // namespace pg_throttle::pg

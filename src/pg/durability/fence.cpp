@@ -22,21 +22,12 @@ constexpr const char* kTrancheName = "pg_throttle fence";
 constexpr const char* kFenceFile = "pg_throttle.fence";
 constexpr const char* kFenceTemp = "pg_throttle.fence.tmp";
 constexpr uint32 kFileMagic = 0x50474645;  // "PGFE"
-constexpr uint32 kFileVersion = 1;
 
 struct FenceShared {
     int64 last_token;  // the counter; __atomic builtins
     int64 limit;       // no token above it is handed out; only grows
 };
 static_assert(std::is_trivially_copyable_v<FenceShared>);
-
-struct FenceFileData {
-    uint32 magic;
-    uint32 version;
-    int64 limit;
-    pg_crc32c crc;  // of the fields above
-};
-static_assert(std::is_trivially_copyable_v<FenceFileData>);
 
 FenceShared* fence = nullptr;
 LWLock* extend_lock = nullptr;
@@ -45,20 +36,10 @@ int64 load(const int64* value) {
     return __atomic_load_n(value, __ATOMIC_ACQUIRE);
 }
 
-pg_crc32c file_crc(const FenceFileData& data) {
-    return crc32c_of(&data, offsetof(FenceFileData, crc));
-}
-
-// Writes the limit under a temporary name, fsyncs it and renames it into
-// place. Reports at `elevel` and returns false when it cannot.
+// Writes the limit durably. Reports at `elevel` and returns false when it
+// cannot.
 bool write_limit_file(int64 limit, int elevel) {
-    FenceFileData data{kFileMagic, kFileVersion, limit, 0};
-    data.crc = file_crc(data);
-    FILE* file = durable_file_create(kFenceTemp, elevel);
-    return file != nullptr &&
-           durable_file_close(file, kFenceTemp, fwrite(&data, 1, sizeof data, file) == sizeof data,
-                              elevel) &&
-           durable_rename(kFenceTemp, kFenceFile, elevel) == 0;
+    return durable_value_write(kFenceFile, kFenceTemp, kFileMagic, limit, elevel);
 }
 
 constexpr int64 kNoFile = -2;
@@ -67,18 +48,16 @@ constexpr int64 kDamaged = -1;
 // The limit in the file; kNoFile when there is none, kDamaged when it
 // cannot be read.
 int64 read_limit_file() {
-    const int fd = OpenTransientFile(kFenceFile, O_RDONLY | PG_BINARY);
-    if (fd < 0) {
-        return errno == ENOENT ? kNoFile : kDamaged;
+    int64 limit = 0;
+    switch (durable_value_read(kFenceFile, kFileMagic, &limit)) {
+        case ValueFile::kMissing:
+            return kNoFile;
+        case ValueFile::kDamaged:
+            return kDamaged;
+        case ValueFile::kRead:
+            break;
     }
-    FenceFileData data{};
-    const bool read_all = read(fd, &data, sizeof data) == static_cast<ssize_t>(sizeof data);
-    (void)CloseTransientFile(fd);
-    if (!read_all || data.magic != kFileMagic || data.version != kFileVersion ||
-        !EQ_CRC32C(data.crc, file_crc(data)) || data.limit < 0) {
-        return kDamaged;
-    }
-    return data.limit;
+    return limit < 0 ? kDamaged : limit;
 }
 
 // Whether the limit at startup was above zero: a token may exist.

@@ -25,8 +25,9 @@ constexpr const char* kLogPrefix = "pg_throttle.lease_log.";
 // snapshot.
 constexpr const char* kLocksUnknownFile = "pg_throttle.locks_unknown";
 constexpr const char* kLocksUnknownTemp = "pg_throttle.locks_unknown.tmp";
-constexpr uint32 kRecordMagic = 0x50474c52;    // "PGLR"
-constexpr uint32 kSnapshotMagic = 0x50474c53;  // "PGLS"
+constexpr uint32 kLocksUnknownMagic = 0x50474c55;  // "PGLU"
+constexpr uint32 kRecordMagic = 0x50474c52;        // "PGLR"
+constexpr uint32 kSnapshotMagic = 0x50474c53;      // "PGLS"
 constexpr uint32 kFormatVersion = 2;
 // A record is one aligned 512-byte block: a torn or never-written block is
 // recognised by its CRC, and the next record is found anyway.
@@ -229,15 +230,16 @@ core::Micros locks_rule_in_force(core::Micros now) {
 // The time in pg_throttle.locks_unknown: 0 when there is none, `now` when
 // it cannot be read (the rule then starts at this start).
 core::Micros read_locks_unknown_file(core::Micros now) {
-    FILE* file = AllocateFile(kLocksUnknownFile, PG_BINARY_R);
-    if (file == nullptr) {
-        return errno == ENOENT ? 0 : now;
+    int64 since = 0;
+    switch (durable_value_read(kLocksUnknownFile, kLocksUnknownMagic, &since)) {
+        case ValueFile::kMissing:
+            return 0;
+        case ValueFile::kDamaged:
+            return now;
+        case ValueFile::kRead:
+            break;
     }
-    int64 data[2] = {0, 0};  // the time, its CRC
-    const bool whole = fread(data, 1, sizeof data, file) == sizeof data &&
-                       static_cast<uint32>(data[1]) == crc32c_of(&data[0], sizeof data[0]);
-    FreeFile(file);
-    return whole ? data[0] : now;
+    return since;
 }
 
 // Writes the snapshot of `count` records (already encoded) as the start of
@@ -484,11 +486,7 @@ void add_lock_entry(const RegistryEntry& entry, void* ctx) {
 void lose_track_of_leases() {
     const core::Micros now = GetCurrentTimestamp();
     registry_mark_unknown_since(EntryKind::kLock, now);
-    const int64 data[2] = {now, static_cast<int64>(crc32c_of(&now, sizeof now))};
-    FILE* file = durable_file_create(kLocksUnknownTemp, PANIC);
-    const bool written = fwrite(data, 1, sizeof data, file) == sizeof data;
-    (void)durable_file_close(file, kLocksUnknownTemp, written, PANIC);
-    (void)durable_rename(kLocksUnknownTemp, kLocksUnknownFile, PANIC);
+    (void)durable_value_write(kLocksUnknownFile, kLocksUnknownTemp, kLocksUnknownMagic, now, PANIC);
 }
 
 }  // namespace
