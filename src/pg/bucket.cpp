@@ -120,11 +120,14 @@ void reserve_apply_exclusive(RegistryEntry* entry, void* ctx) {
         return;
     }
     entry->expires_at = call->decision.tat;
-    entry->granted_at = call->now;
     // A grant replaces the born state; a reservation a waiter may still give
-    // back (throttle.wait) does not: a bucket born empty at R stays so.
+    // back (throttle.wait) does not: a bucket born empty at R stays so, and
+    // keeps R in granted_at.
     if (call->max_wait == 0) {
         entry->born = false;
+    }
+    if (!entry->born) {
+        entry->granted_at = call->now;
     }
     __atomic_fetch_add(&entry->grants, 1, __ATOMIC_RELAXED);
     entry->holder_pid = MyProcPid;

@@ -180,6 +180,12 @@ def crash_then_clean_restarts(tap, data_dir):
     tap.ok([one(conn, "SELECT allowed FROM throttle.take('cr.peeked', 10, '1 hour', 10)")[0]
             for _ in range(2)] == [False, False],
            "a bucket peeked with a fast shape is still empty for a slow one (two takes)")
+    # Waits alone: the bucket is full again one burst period after R, and
+    # each wait counts from R, not from the wait before it.
+    waits = [one(conn, "SELECT throttle.wait('cr.waits', 10, '10 seconds', 10, 5, "
+                       "timeout => '100 milliseconds')")[0] for _ in range(2)]
+    tap.ok(waits == [True, True], "a minute after R, two waits take the whole burst at once",
+           repr(waits))
     conn.close()
     for restart in (1, 2):
         pg_ctlcluster("restart", "-m", "fast")
@@ -343,7 +349,7 @@ def damaged_record(tap, data_dir):
 
 
 def main():
-    tap = Tap(45)
+    tap = Tap(46)
     conn = connect()
     one(conn, "CREATE EXTENSION IF NOT EXISTS pg_throttle; SELECT 1")
     data_dir = one(conn, "SHOW data_directory")[0]
