@@ -24,4 +24,13 @@ std::optional<Micros> interval_to_micros(std::int32_t months, std::int32_t days,
     return total;
 }
 
+std::int32_t sleep_timeout_ms(Micros sleep_us) noexcept {
+    constexpr Micros kLongest = std::numeric_limits<std::int32_t>::max();
+    if (sleep_us <= 1000) {
+        return 1;
+    }
+    const Micros ms = sleep_us / 1000 + (sleep_us % 1000 != 0 ? 1 : 0);
+    return static_cast<std::int32_t>(ms < kLongest ? ms : kLongest);
+}
+
 }  // namespace pg_throttle::core

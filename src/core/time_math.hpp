@@ -28,4 +28,10 @@ Micros saturating_add(Micros a, Micros b) noexcept;
 std::optional<Micros> interval_to_micros(std::int32_t months, std::int32_t days,
                                          std::int64_t micros) noexcept;
 
+// A sleep of `sleep_us` as the timeout WaitLatch takes: whole milliseconds,
+// rounded up, at least 1 and at most INT32_MAX (about 24.8 days; the poll
+// underneath takes an int, and a longer value would be truncated into any
+// timeout at all). A caller that sleeps longer loops.
+std::int32_t sleep_timeout_ms(Micros sleep_us) noexcept;
+
 }  // namespace pg_throttle::core

@@ -41,5 +41,23 @@ TEST(IntervalToMicros, RejectsWhatDoesNotFit) {
     EXPECT_FALSE(interval_to_micros(12 * 300'000, 0, 0).has_value());
 }
 
+TEST(SleepTimeoutMs, RoundsUpToWholeMilliseconds) {
+    EXPECT_EQ(sleep_timeout_ms(1), 1);
+    EXPECT_EQ(sleep_timeout_ms(1000), 1);
+    EXPECT_EQ(sleep_timeout_ms(1001), 2);
+    EXPECT_EQ(sleep_timeout_ms(0), 1);
+    EXPECT_EQ(sleep_timeout_ms(-5), 1);
+}
+
+TEST(SleepTimeoutMs, NeverExceedsWhatWaitLatchCanTake) {
+    constexpr std::int32_t kIntMax = std::numeric_limits<std::int32_t>::max();
+    // 2^32 + 1 ms: truncated to 32 bits it would be a 1 ms poll.
+    EXPECT_EQ(sleep_timeout_ms(4'294'967'297'000), kIntMax);
+    EXPECT_EQ(sleep_timeout_ms(30 * kUsPerDay), kIntMax);
+    EXPECT_EQ(sleep_timeout_ms(kMax), kIntMax);
+    EXPECT_EQ(sleep_timeout_ms(Micros{kIntMax} * 1000), kIntMax);
+    EXPECT_EQ(sleep_timeout_ms(Micros{kIntMax - 1} * 1000), kIntMax - 1);
+}
+
 }  // namespace
 }  // namespace pg_throttle::core
