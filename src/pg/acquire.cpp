@@ -86,9 +86,7 @@ Datum acquire(FunctionCallInfo fcinfo) {
     const Holder holder = holder_from_argument(fcinfo, 2);
 
     AcquireCall call{clock_now(), positive_interval(every_arg, "every"), &holder, false};
-    if (registry_apply(key, kAcquireOp, &call) == ApplyResult::kFull) {
-        registry_raise_full();
-    }
+    registry_apply(key, kAcquireOp, &call);
     PG_RETURN_BOOL(call.granted);
 }
 

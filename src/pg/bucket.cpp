@@ -176,9 +176,7 @@ void bucket_request_from_declaration(FunctionCallInfo fcinfo, BucketRequest* req
 core::GcraDecision bucket_reserve(const BucketRequest& request, core::Micros now,
                                   core::Micros max_wait) {
     ReserveCall call{&request, now, max_wait, {}};
-    if (registry_apply(request.key, kReserveOp, &call) == ApplyResult::kFull) {
-        registry_raise_full();
-    }
+    registry_apply(request.key, kReserveOp, &call);
     return call.decision;
 }
 

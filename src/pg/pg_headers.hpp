@@ -18,10 +18,12 @@ extern "C" {
 
 #include "access/htup_details.h"
 #include "catalog/pg_type.h"
+#include "commands/dbcommands.h"
 #include "common/hashfn.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
+#include "lib/ilist.h"
 #include "libpq/libpq-be.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"

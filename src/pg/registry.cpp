@@ -1,5 +1,7 @@
 #include "pg/registry.hpp"
 
+#include "pg/registry_quota.hpp"
+
 extern "C" {
 #include "access/xlog.h"
 }
@@ -9,6 +11,8 @@ namespace {
 
 constexpr int kPartitions = 16;
 constexpr int kWaitersLock = kPartitions;  // after the partition locks in the tranche
+constexpr int kQuotaLock = kPartitions + 1;
+constexpr int kTrancheLocks = kPartitions + 2;
 constexpr const char* kTrancheName = "pg_throttle";
 
 int max_entries = 100000;
@@ -16,14 +20,21 @@ int max_lease_seconds = 3600;
 HTAB* registry = nullptr;
 LWLockPadded* partition_locks = nullptr;
 
+// One partition's own state, guarded by its lock.
+struct PartitionState {
+    dlist_head entries;  // every entry of the partition
+    int64 count;         // how many
+    // No entry of the partition expires before this instant, so a reclaim
+    // before it would find nothing. Lowered (under the partition's exclusive
+    // lock) whenever an entry gets an earlier expiry; set by a reclaim to the
+    // earliest expiry that survived it. Keeps a full registry from rescanning
+    // every entry on every call.
+    core::Micros reclaim_not_before;
+};
+
 // Registry-wide state in shared memory.
 struct RegistryShared {
-    // No entry expires before this instant, so a reclaim before it would find
-    // nothing. Lowered (under a partition's exclusive lock) whenever an entry
-    // gets an earlier expiry; set by a reclaim (under every partition's lock)
-    // to the earliest expiry that survived it. Keeps a full registry from
-    // rescanning every entry on every call.
-    core::Micros reclaim_not_before;
+    PartitionState partitions[kPartitions];
     // Per kind, after a crash: the restart time R; what was granted before
     // it is unknown, so an absent entry is born granted at R (registry.hpp).
     // kKnown while the kind's knowledge is complete.
@@ -37,10 +48,42 @@ RegistryShared* shared_state = nullptr;
 
 constexpr core::Micros kKnown = std::numeric_limits<core::Micros>::min();
 
-void lower_reclaim_not_before(core::Micros expires_at) {
-    core::Micros seen = __atomic_load_n(&shared_state->reclaim_not_before, __ATOMIC_RELAXED);
+// ilist.h's iteration macros assert types in a way C++ cannot compile: the
+// list is walked here, and an entry found from its link by its offset.
+RegistryEntry* entry_of(dlist_node* node) {
+    return reinterpret_cast<RegistryEntry*>(reinterpret_cast<char*>(node) -
+                                            offsetof(RegistryEntry, link));
+}
+
+// Calls `visit` for each entry of `list`; `visit` may remove the entry it is given.
+template <typename Visit>
+void for_each_entry(dlist_head* list, Visit visit) {
+    dlist_node* node = list->head.next;
+    while (node != &list->head) {
+        dlist_node* next = node->next;
+        visit(entry_of(node));
+        node = next;
+    }
+}
+
+int partition_of(uint32 hash) {
+    return static_cast<int>(hash % kPartitions);
+}
+
+PartitionState& partition_state(int partition) {
+    return shared_state->partitions[partition];
+}
+
+PartitionState& partition_state_of(const RegistryEntry& entry) {
+    return partition_state(partition_of(get_hash_value(registry, &entry.key)));
+}
+
+// Under the entry's partition lock, shared or exclusive: the CAS keeps two
+// holders of the shared lock from losing each other's lowering.
+void lower_reclaim_not_before(PartitionState& partition, core::Micros expires_at) {
+    core::Micros seen = __atomic_load_n(&partition.reclaim_not_before, __ATOMIC_RELAXED);
     while (expires_at < seen &&
-           !__atomic_compare_exchange_n(&shared_state->reclaim_not_before, &seen, expires_at, true,
+           !__atomic_compare_exchange_n(&partition.reclaim_not_before, &seen, expires_at, true,
                                         __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
     }
 }
@@ -63,7 +106,11 @@ int key_compare(const void* a_ptr, const void* b_ptr, Size /*keysize*/) {
 }
 
 LWLock* partition_lock(uint32 hash) {
-    return &partition_locks[hash % kPartitions].lock;
+    return &partition_locks[partition_of(hash)].lock;
+}
+
+LWLock* partition_lock_at(int partition) {
+    return &partition_locks[partition].lock;
 }
 
 // Holds one partition lock for a scope in which nothing raises an error.
@@ -96,36 +143,72 @@ void unlock_all_partitions() {
     }
 }
 
-// Drops every entry that no longer constrains anyone, by the real clock:
-// whatever clock the calling session reads, another session's entry is
-// dropped only when it has expired in real time. Returns how many.
-long reclaim_expired() {
-    const core::Micros now = GetCurrentTimestamp();
+// The empty state (registry.hpp): free for every kind, owned by nobody. The
+// key and the partition link stay.
+void clear_state(RegistryEntry* entry) {
+    memset(reinterpret_cast<char*>(entry) + kEntryStateOffset, 0,
+           sizeof(RegistryEntry) - kEntryStateOffset);
+    entry->expires_at = kLongExpired;
+}
+
+// Adds the entry just entered in the hash table to its partition (whose
+// exclusive lock the caller holds, or the postmaster alone).
+void link_entry(PartitionState& partition, RegistryEntry* entry) {
+    dlist_push_tail(&partition.entries, &entry->link);
+    partition.count++;
+}
+
+// Drops an entry: from its partition's list, its owner's and database's
+// counts and the hash table. The caller holds the partition's exclusive lock.
+void remove_entry(PartitionState& partition, RegistryEntry* entry) {
+    dlist_delete(&entry->link);
+    partition.count--;
+    quota_uncharge(entry->owner, entry->key.dbid);
+    hash_search(registry, &entry->key, HASH_REMOVE, nullptr);
+}
+
+// After a callback that may have handed a lock to another role.
+void settle_owner(const RegistryEntry& entry, Oid owner_before) {
+    if (entry.owner != owner_before) {
+        quota_move(owner_before, entry.owner);
+    }
+}
+
+// Drops every entry of one partition that no longer constrains anyone, by
+// the real clock: whatever clock the calling session reads, another
+// session's entry is dropped only when it has expired in real time. Holds
+// that partition's lock only. Returns how many.
+long reclaim_partition(int index, core::Micros now) {
+    PartitionState& partition = partition_state(index);
+    if (now < __atomic_load_n(&partition.reclaim_not_before, __ATOMIC_RELAXED)) {
+        return 0;
+    }
     long reclaimed = 0;
-    lock_all_partitions(LW_EXCLUSIVE);
-    if (now >= shared_state->reclaim_not_before) {
+    LWLockAcquire(partition_lock_at(index), LW_EXCLUSIVE);
+    if (now >= partition.reclaim_not_before) {
         core::Micros earliest_survivor = core::kNever;
-        HASH_SEQ_STATUS scan;
-        hash_seq_init(&scan, registry);
-        while (auto* entry = static_cast<RegistryEntry*>(hash_seq_search(&scan))) {
+        for_each_entry(&partition.entries, [&](RegistryEntry* entry) {
             if (registry_reclaimable(*entry, now)) {
-                hash_search(registry, &entry->key, HASH_REMOVE, nullptr);
+                remove_entry(partition, entry);
                 reclaimed++;
             } else if (entry->expires_at < earliest_survivor) {
                 earliest_survivor = entry->expires_at;
             }
-        }
-        shared_state->reclaim_not_before = earliest_survivor;
+        });
+        partition.reclaim_not_before = earliest_survivor;
     }
-    unlock_all_partitions();
+    LWLockRelease(partition_lock_at(index));
     return reclaimed;
 }
 
-// The empty state (registry.hpp): free for every kind.
-void clear_state(RegistryEntry* entry) {
-    memset(reinterpret_cast<char*>(entry) + sizeof(RegistryKey), 0,
-           sizeof(RegistryEntry) - sizeof(RegistryKey));
-    entry->expires_at = kLongExpired;
+// The sweep, when the table or a quota has no room: one partition at a time.
+long reclaim_expired() {
+    const core::Micros now = GetCurrentTimestamp();
+    long reclaimed = 0;
+    for (int i = 0; i < kPartitions; i++) {
+        reclaimed += reclaim_partition(i, now);
+    }
+    return reclaimed;
 }
 
 // The kind's crash rule, if its knowledge is incomplete (see EntryOp::born).
@@ -137,9 +220,12 @@ std::optional<core::Micros> unknown_since_of(uint8 kind) {
     return since;
 }
 
+enum class Attempt { kDone, kFull, kRoleQuota, kDatabaseQuota };
+
 // One attempt: the shared read-only path, then the exclusive path.
-bool try_apply(const RegistryKey& key, uint32 hash, const EntryOp& op, void* ctx) {
+Attempt try_apply(const RegistryKey& key, uint32 hash, Oid role, const EntryOp& op, void* ctx) {
     LWLock* lock = partition_lock(hash);
+    PartitionState& partition = partition_state(partition_of(hash));
     const std::optional<core::Micros> unknown_since = unknown_since_of(key.kind);
     {
         PartitionLock shared(lock, LW_SHARED);
@@ -147,7 +233,7 @@ bool try_apply(const RegistryKey& key, uint32 hash, const EntryOp& op, void* ctx
             hash_search_with_hash_value(registry, &key, hash, HASH_FIND, nullptr));
         if (entry != nullptr) {
             if (op.decide_shared(entry, ctx)) {
-                return true;
+                return Attempt::kDone;
             }
         } else if (!unknown_since.has_value()) {
             // Absent and nothing unknown: the entry would be born free, so
@@ -157,27 +243,42 @@ bool try_apply(const RegistryKey& key, uint32 hash, const EntryOp& op, void* ctx
             free_entry.key = key;
             clear_state(&free_entry);
             if (op.decide_shared(&free_entry, ctx)) {
-                return true;
+                return Attempt::kDone;
             }
         }
     }
     PartitionLock exclusive(lock, LW_EXCLUSIVE);
-    bool found = false;
     auto* entry = static_cast<RegistryEntry*>(
-        hash_search_with_hash_value(registry, &key, hash, HASH_ENTER_NULL, &found));
+        hash_search_with_hash_value(registry, &key, hash, HASH_FIND, nullptr));
     if (entry == nullptr) {
-        return false;
-    }
-    if (!found) {
+        switch (quota_charge(role, key.dbid, true)) {
+            case QuotaCheck::kRoleQuota:
+                return Attempt::kRoleQuota;
+            case QuotaCheck::kDatabaseQuota:
+                return Attempt::kDatabaseQuota;
+            case QuotaCheck::kOk:
+                break;
+        }
+        entry = static_cast<RegistryEntry*>(
+            hash_search_with_hash_value(registry, &key, hash, HASH_ENTER_NULL, nullptr));
+        if (entry == nullptr) {
+            quota_uncharge(role, key.dbid);
+            return Attempt::kFull;
+        }
+        link_entry(partition, entry);
         clear_state(entry);
+        entry->owner = role;
         if (unknown_since.has_value() && op.born != nullptr) {
             op.born(entry, *unknown_since, ctx);
             entry->born = true;
         }
+        settle_owner(*entry, role);  // a lock born held by nobody known
     }
+    const Oid owner_before = entry->owner;
     op.apply_exclusive(entry, ctx);
-    lower_reclaim_not_before(entry->expires_at);
-    return true;
+    settle_owner(*entry, owner_before);
+    lower_reclaim_not_before(partition, entry->expires_at);
+    return Attempt::kDone;
 }
 
 }  // namespace
@@ -207,12 +308,15 @@ void registry_define_gucs() {
         "plus this: a lease given before the crash cannot be handed to a second holder.",
         &max_lease_seconds, 3600, 1, INT_MAX, PGC_POSTMASTER, GUC_UNIT_S, nullptr, nullptr,
         nullptr);
+    quota_define_gucs();
 }
 
 void registry_request_shmem() {
-    RequestAddinShmemSpace(add_size(MAXALIGN(sizeof(RegistryShared)),
-                                    hash_estimate_size(max_entries, sizeof(RegistryEntry))));
-    RequestNamedLWLockTranche(kTrancheName, kPartitions + 1);
+    RequestAddinShmemSpace(
+        add_size(add_size(MAXALIGN(sizeof(RegistryShared)),
+                          hash_estimate_size(max_entries, sizeof(RegistryEntry))),
+                 quota_shmem_size(max_entries)));
+    RequestNamedLWLockTranche(kTrancheName, kTrancheLocks);
 }
 
 void registry_attach_shmem() {
@@ -228,7 +332,11 @@ void registry_attach_shmem() {
     shared_state = static_cast<RegistryShared*>(
         ShmemInitStruct("pg_throttle registry state", sizeof(RegistryShared), &found));
     if (!found) {
-        shared_state->reclaim_not_before = core::kNever;
+        for (PartitionState& partition : shared_state->partitions) {
+            dlist_init(&partition.entries);
+            partition.count = 0;
+            partition.reclaim_not_before = core::kNever;
+        }
         for (core::Micros& since : shared_state->unknown_since) {
             since = kKnown;
         }
@@ -237,6 +345,7 @@ void registry_attach_shmem() {
     registry =
         ShmemInitHash("pg_throttle registry", max_entries, max_entries, &info,
                       HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_PARTITION | HASH_FIXED_SIZE);
+    quota_attach_shmem(max_entries, &partition_locks[kQuotaLock].lock);
     LWLockRelease(AddinShmemInitLock);
 }
 
@@ -273,14 +382,31 @@ void registry_make_key(EntryKind kind, const char* name, size_t len, const char*
     memcpy(key->name, name, len);
 }
 
-ApplyResult registry_apply(const RegistryKey& key, const EntryOp& op, void* ctx) {
+Oid registry_caller_role(EntryKind kind) {
+    return kind == EntryKind::kQueueGroup ? GetOuterUserId() : GetUserId();
+}
+
+void registry_apply(const RegistryKey& key, const EntryOp& op, void* ctx) {
     registry_notice_promotion();
     const uint32 hash = get_hash_value(registry, &key);
-    if (try_apply(key, hash, op, ctx)) {
-        return ApplyResult::kDone;
+    const Oid role = registry_caller_role(static_cast<EntryKind>(key.kind));
+    Attempt attempt = try_apply(key, hash, role, op, ctx);
+    if (attempt == Attempt::kDone) {
+        return;
     }
+    // Expired entries, of this role and database among them, make room.
     reclaim_expired();
-    return try_apply(key, hash, op, ctx) ? ApplyResult::kDone : ApplyResult::kFull;
+    attempt = try_apply(key, hash, role, op, ctx);
+    switch (attempt) {
+        case Attempt::kDone:
+            return;
+        case Attempt::kFull:
+            registry_raise_full();
+        case Attempt::kRoleQuota:
+            quota_raise(QuotaCheck::kRoleQuota, role, key.dbid);
+        case Attempt::kDatabaseQuota:
+            quota_raise(QuotaCheck::kDatabaseQuota, role, key.dbid);
+    }
 }
 
 void registry_update_existing(const RegistryKey& key,
@@ -291,14 +417,17 @@ void registry_update_existing(const RegistryKey& key,
     auto* entry = static_cast<RegistryEntry*>(
         hash_search_with_hash_value(registry, &key, hash, HASH_FIND, nullptr));
     if (entry != nullptr) {
+        const Oid owner_before = entry->owner;
         update(entry, ctx);
-        lower_reclaim_not_before(entry->expires_at);
+        settle_owner(*entry, owner_before);
+        lower_reclaim_not_before(partition_state(partition_of(hash)), entry->expires_at);
     }
 }
 
 bool registry_upsert(const RegistryKey& key, void (*update)(RegistryEntry* entry, void* ctx),
                      void* ctx) {
     const uint32 hash = get_hash_value(registry, &key);
+    PartitionState& partition = partition_state(partition_of(hash));
     for (int attempt = 0; attempt < 2; attempt++) {
         {
             PartitionLock exclusive(partition_lock(hash), LW_EXCLUSIVE);
@@ -307,10 +436,15 @@ bool registry_upsert(const RegistryKey& key, void (*update)(RegistryEntry* entry
                 hash_search_with_hash_value(registry, &key, hash, HASH_ENTER_NULL, &found));
             if (entry != nullptr) {
                 if (!found) {
+                    // What a primary knew, replayed: counted, never refused.
+                    link_entry(partition, entry);
                     clear_state(entry);
+                    (void)quota_charge(InvalidOid, key.dbid, false);
                 }
+                const Oid owner_before = entry->owner;
                 update(entry, ctx);
-                lower_reclaim_not_before(entry->expires_at);
+                settle_owner(*entry, owner_before);
+                lower_reclaim_not_before(partition, entry->expires_at);
                 return true;
             }
         }
@@ -323,25 +457,14 @@ bool registry_reclaimable(const RegistryEntry& entry, core::Micros now) {
     if (now < entry.expires_at) {
         return false;
     }
-    return static_cast<EntryKind>(entry.key.kind) != EntryKind::kLock || entry.of.lock.waiters == 0;
-}
-
-void registry_for_each_exclusive(void (*visit)(RegistryEntry* entry, void* ctx), void* ctx) {
-    lock_all_partitions(LW_EXCLUSIVE);
-    HASH_SEQ_STATUS scan;
-    hash_seq_init(&scan, registry);
-    while (auto* entry = static_cast<RegistryEntry*>(hash_seq_search(&scan))) {
-        visit(entry, ctx);
-        lower_reclaim_not_before(entry->expires_at);
-    }
-    unlock_all_partitions();
+    const auto kind = static_cast<EntryKind>(entry.key.kind);
+    const bool lock_kind = kind == EntryKind::kLock || kind == EntryKind::kQueueGroup;
+    return !lock_kind || entry.of.lock.waiters == 0;  // a waiter's entry stays
 }
 
 void registry_visit_all(void (*visit)(const RegistryEntry& entry, void* ctx), void* ctx) {
-    HASH_SEQ_STATUS scan;
-    hash_seq_init(&scan, registry);
-    while (const auto* entry = static_cast<const RegistryEntry*>(hash_seq_search(&scan))) {
-        visit(*entry, ctx);
+    for (PartitionState& partition : shared_state->partitions) {
+        for_each_entry(&partition.entries, [&](RegistryEntry* entry) { visit(*entry, ctx); });
     }
 }
 
@@ -352,8 +475,17 @@ bool registry_restore(const RegistryEntry& saved) {
     if (entry == nullptr) {
         return false;
     }
-    *entry = saved;
-    lower_reclaim_not_before(entry->expires_at);
+    PartitionState& partition = partition_state_of(*entry);
+    if (found) {
+        quota_uncharge(entry->owner, entry->key.dbid);
+    } else {
+        link_entry(partition, entry);
+    }
+    memcpy(reinterpret_cast<char*>(entry) + kEntryStateOffset,
+           reinterpret_cast<const char*>(&saved) + kEntryStateOffset,
+           sizeof(RegistryEntry) - kEntryStateOffset);
+    (void)quota_charge(entry->owner, entry->key.dbid, false);
+    lower_reclaim_not_before(partition, entry->expires_at);
     return true;
 }
 
@@ -365,7 +497,13 @@ bool registry_remove(const RegistryKey& key) {
     registry_notice_promotion();
     const uint32 hash = get_hash_value(registry, &key);
     PartitionLock exclusive(partition_lock(hash), LW_EXCLUSIVE);
-    return hash_search_with_hash_value(registry, &key, hash, HASH_REMOVE, nullptr) != nullptr;
+    auto* entry = static_cast<RegistryEntry*>(
+        hash_search_with_hash_value(registry, &key, hash, HASH_FIND, nullptr));
+    if (entry == nullptr) {
+        return false;
+    }
+    remove_entry(partition_state(partition_of(hash)), entry);
+    return true;
 }
 
 void registry_mark_unknown_since(EntryKind kind, core::Micros restart) {
@@ -398,24 +536,26 @@ void registry_raise_full() {
 
 namespace {
 
-void scan_live(Oid dbid, core::Micros now, void (*visit)(const RegistryEntry& entry, void* ctx),
-               void* ctx) {
+bool in_force(const RegistryEntry& entry, Oid dbid, core::Micros now, core::Micros real_now) {
     // throttle.lock's locks expire by the real clock, whatever the
     // session's clock says (locks.cpp).
+    const bool real_time = static_cast<EntryKind>(entry.key.kind) == EntryKind::kLock;
+    return (dbid == InvalidOid || entry.key.dbid == dbid) &&
+           (real_time ? real_now : now) < entry.expires_at;
+}
+
+// Under each partition's shared lock in turn; `visit` may not raise.
+void scan_partitions(Oid dbid, bool live_only, core::Micros now,
+                     void (*visit)(const RegistryEntry& entry, void* ctx), void* ctx) {
     const core::Micros real_now = GetCurrentTimestamp();
-    // No RAII here: `visit` may raise an error, and error abort releases the locks.
-    lock_all_partitions(LW_SHARED);
-    HASH_SEQ_STATUS scan;
-    hash_seq_init(&scan, registry);
-    while (const auto* entry = static_cast<const RegistryEntry*>(hash_seq_search(&scan))) {
-        const auto kind = static_cast<EntryKind>(entry->key.kind);
-        const bool real_time = kind == EntryKind::kLock;
-        if ((dbid == InvalidOid || entry->key.dbid == dbid) &&
-            (real_time ? real_now : now) < entry->expires_at) {
-            visit(*entry, ctx);
-        }
+    for (int i = 0; i < kPartitions; i++) {
+        PartitionLock shared(partition_lock_at(i), LW_SHARED);
+        for_each_entry(&partition_state(i).entries, [&](RegistryEntry* entry) {
+            if (!live_only || in_force(*entry, dbid, now, real_now)) {
+                visit(*entry, ctx);
+            }
+        });
     }
-    unlock_all_partitions();
 }
 
 }  // namespace
@@ -423,22 +563,49 @@ void scan_live(Oid dbid, core::Micros now, void (*visit)(const RegistryEntry& en
 void registry_scan(core::Micros now, void (*visit)(const RegistryEntry& entry, void* ctx),
                    void* ctx) {
     registry_notice_promotion();
-    scan_live(MyDatabaseId, now, visit, ctx);
+    const core::Micros real_now = GetCurrentTimestamp();
+    // One partition's entries at a time: copied under its shared lock into
+    // memory allocated before it is taken, visited once it is released.
+    int64 capacity = 64;
+    auto* copies = static_cast<RegistryEntry*>(palloc(capacity * sizeof(RegistryEntry)));
+    for (int i = 0; i < kPartitions; i++) {
+        PartitionState& partition = partition_state(i);
+        int64 copied = 0;
+        for (;;) {
+            const int64 needed = __atomic_load_n(&partition.count, __ATOMIC_RELAXED);
+            if (needed > capacity) {
+                pfree(copies);
+                capacity = needed + needed / 4 + 16;
+                copies = static_cast<RegistryEntry*>(
+                    palloc_extended(capacity * sizeof(RegistryEntry), MCXT_ALLOC_HUGE));
+            }
+            LWLockAcquire(partition_lock_at(i), LW_SHARED);
+            if (partition.count > capacity) {
+                LWLockRelease(partition_lock_at(i));
+                continue;  // it grew meanwhile
+            }
+            for_each_entry(&partition.entries, [&](RegistryEntry* entry) {
+                if (in_force(*entry, MyDatabaseId, now, real_now)) {
+                    copies[copied++] = *entry;
+                }
+            });
+            LWLockRelease(partition_lock_at(i));
+            break;
+        }
+        for (int64 j = 0; j < copied; j++) {
+            visit(copies[j], ctx);
+        }
+    }
+    pfree(copies);
 }
 
 void registry_scan_all(core::Micros now, void (*visit)(const RegistryEntry& entry, void* ctx),
                        void* ctx) {
-    scan_live(InvalidOid, now, visit, ctx);
+    scan_partitions(InvalidOid, true, now, visit, ctx);
 }
 
 void registry_scan_every(void (*visit)(const RegistryEntry& entry, void* ctx), void* ctx) {
-    lock_all_partitions(LW_SHARED);
-    HASH_SEQ_STATUS scan;
-    hash_seq_init(&scan, registry);
-    while (const auto* entry = static_cast<const RegistryEntry*>(hash_seq_search(&scan))) {
-        visit(*entry, ctx);
-    }
-    unlock_all_partitions();
+    scan_partitions(InvalidOid, false, 0, visit, ctx);
 }
 
 void registry_await_promotion() {
@@ -462,13 +629,13 @@ void registry_notice_promotion() {
         // those kinds as granted now, as after a crash. Its locks are the
         // primary's leases, replayed from WAL; they stay.
         const core::Micros now = GetCurrentTimestamp();
-        HASH_SEQ_STATUS scan;
-        hash_seq_init(&scan, registry);
-        while (auto* entry = static_cast<RegistryEntry*>(hash_seq_search(&scan))) {
-            const auto kind = static_cast<EntryKind>(entry->key.kind);
-            if (kind == EntryKind::kResource || kind == EntryKind::kBucket) {
-                hash_search(registry, &entry->key, HASH_REMOVE, nullptr);
-            }
+        for (PartitionState& partition : shared_state->partitions) {
+            for_each_entry(&partition.entries, [&](RegistryEntry* entry) {
+                const auto kind = static_cast<EntryKind>(entry->key.kind);
+                if (kind == EntryKind::kResource || kind == EntryKind::kBucket) {
+                    remove_entry(partition, entry);
+                }
+            });
         }
         shared_state->unknown_since[static_cast<uint8>(EntryKind::kResource)] = now;
         shared_state->unknown_since[static_cast<uint8>(EntryKind::kBucket)] = now;

@@ -1,8 +1,13 @@
 // The shared-memory registry: one hash table of entries keyed by
 // (database, kind, name), split into partitions that each have an LWLock.
+// Each partition also keeps a list of its entries, so that a scan (status,
+// checkpoint, sweep) holds one partition's lock at a time, never all of them.
 //
 // An entry whose expires_at has passed constrains nobody and is equivalent to
 // an absent one; such entries are reclaimed when the table needs room.
+//
+// Every entry counts against its database and its owner role, which may hold
+// at most their quotas of the registry (registry_quota.hpp).
 #pragma once
 
 #include "core/names.hpp"
@@ -35,6 +40,11 @@ struct RegistryKey {
 
 struct RegistryEntry {
     RegistryKey key;  // first: dynahash keeps the key at the start of the entry
+    dlist_node link;  // in its partition's list; the registry's own, never copied back
+    // The role the entry counts against (registry_quota.hpp): the role that
+    // created it; for a lock, the role holding it (or that last held it).
+    // InvalidOid when not known (restored from a file that did not say).
+    Oid owner;
     core::Micros granted_at;
     core::Micros expires_at;  // the entry constrains callers strictly before this instant
     // Counters since the entry was created. Changed with __atomic builtins:
@@ -70,6 +80,8 @@ inline constexpr core::Micros kLongExpired = std::numeric_limits<core::Micros>::
 static_assert(std::is_trivially_copyable_v<RegistryKey>);
 static_assert(std::is_trivially_copyable_v<RegistryEntry>);
 static_assert(offsetof(RegistryEntry, key) == 0);
+// Everything from here is the entry's state; before it, what the registry keeps.
+inline constexpr size_t kEntryStateOffset = offsetof(RegistryEntry, owner);
 
 // What one call does to one entry. No callback may raise an error: they run
 // under an LWLock. None of them is told whether the entry was just created:
@@ -85,11 +97,10 @@ struct EntryOp {
     // Under the shared lock. Returns true when the call is decided without
     // changing anything but counters.
     bool (*decide_shared)(RegistryEntry* entry, void* ctx);
-    // Under the exclusive lock.
+    // Under the exclusive lock. May change the entry's owner (a lock granted
+    // to another role): the registry moves its count to the new owner.
     void (*apply_exclusive)(RegistryEntry* entry, void* ctx);
 };
-
-enum class ApplyResult { kDone, kFull };
 
 // shmem_request_hook / shmem_startup_hook halves.
 void registry_define_gucs();
@@ -104,10 +115,16 @@ void registry_require();
 void registry_make_key(EntryKind kind, const char* name, size_t len, const char* what,
                        RegistryKey* key);
 
+// The role a call acts as, which owns the entries it creates and the locks
+// it takes: current_user; for a queue group (taken inside the queue's
+// SECURITY DEFINER functions) the role outside them.
+Oid registry_caller_role(EntryKind kind);
+
 // Runs `op` on the entry of `key`, creating it (born, see EntryOp) when
-// absent. Reclaims expired entries when the table is full; kFull when none
-// could be.
-ApplyResult registry_apply(const RegistryKey& key, const EntryOp& op, void* ctx);
+// absent, owned by registry_caller_role(). Reclaims expired entries when the
+// table is full or the caller's role or database holds its quota; raises
+// 53200 (full) or 53400 (quota) when that made no room.
+void registry_apply(const RegistryKey& key, const EntryOp& op, void* ctx);
 
 // Whether an entry constrains nobody at `now` (the real clock: the decision
 // is shared by every session) and may be dropped: its expiry has passed and
@@ -124,10 +141,6 @@ void registry_update_existing(const RegistryKey& key,
 bool registry_upsert(const RegistryKey& key, void (*update)(RegistryEntry* entry, void* ctx),
                      void* ctx);
 
-// Calls `visit` for every entry of every database under every partition's
-// exclusive lock. `visit` may not raise an error.
-void registry_for_each_exclusive(void (*visit)(RegistryEntry* entry, void* ctx), void* ctx);
-
 // The lock that guards the lock waiter slots; taken after a partition lock.
 LWLock* registry_waiters_lock();
 
@@ -135,8 +148,9 @@ LWLock* registry_waiters_lock();
 LWLock* registry_partition_lock(const RegistryKey& key);
 
 // For startup and shutdown, when the postmaster is alone: every entry of
-// every database (no locks), and putting a saved entry back. registry_restore
-// returns false when the registry has no room for it.
+// every database (no locks), and putting a saved entry back (counted against
+// its owner and database, whatever their quotas). registry_restore returns
+// false when the registry has no room for it.
 void registry_visit_all(void (*visit)(const RegistryEntry& entry, void* ctx), void* ctx);
 bool registry_restore(const RegistryEntry& saved);
 
@@ -160,17 +174,20 @@ bool registry_remove(const RegistryKey& key);
 // Raises SQLSTATE 53200 with a hint naming pg_throttle.max_entries.
 [[noreturn]] void registry_raise_full();
 
-// Calls `visit` for each entry of the current database (or of every
-// database) still in force at `now` (throttle.lock's locks: in real time), under every
-// partition's shared lock.
-// `visit` may raise an error.
+// Calls `visit` for each entry of the current database still in force at
+// `now` (throttle.lock's locks: in real time). Each partition's entries are
+// copied under its shared lock and visited after it is released: `visit`
+// may raise an error, and sees each entry as it was when its partition was
+// copied.
 void registry_scan(core::Micros now, void (*visit)(const RegistryEntry& entry, void* ctx),
                    void* ctx);
+
+// Calls `visit` for each entry of every database still in force at `now`
+// (registry_scan_all), or for every entry whatever its state
+// (registry_scan_every), under each partition's shared lock in turn.
+// `visit` may not raise an error.
 void registry_scan_all(core::Micros now, void (*visit)(const RegistryEntry& entry, void* ctx),
                        void* ctx);
-
-// Calls `visit` for every entry of every database, whatever its state, under
-// every partition's shared lock. `visit` may not raise an error.
 void registry_scan_every(void (*visit)(const RegistryEntry& entry, void* ctx), void* ctx);
 
 // A standby knows nothing of the resources and buckets the primary granted

@@ -1,4 +1,6 @@
-// throttle.registry_entries(): the rows behind the throttle.status view.
+// throttle.registry_entries(): the rows behind the throttle.status and
+// throttle.locks views. A lock's token is shown only to roles that could use
+// it: the role holding the lock, its members and superusers.
 // Headers that bring in src/core come before any PostgreSQL header.
 #include "core/gcra.hpp"
 #include "pg/clock.hpp"
@@ -7,15 +9,32 @@
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
 
+extern "C" {
+#include "utils/acl.h"
+}
+
 namespace pg_throttle::pg {
 namespace {
 
-constexpr int kStatusColumns = 14;
+constexpr int kStatusColumns = 15;
 
 struct StatusScan {
     ReturnSetInfo* rsinfo;
     core::Micros now;
+    Oid viewer;
+    Oid last_owner;  // whether the viewer may see the tokens of the last owner asked about
+    bool last_owner_visible;
 };
+
+// Called outside the registry's locks (registry_scan): may look up catalogs.
+bool token_visible(StatusScan* scan, Oid owner) {
+    if (owner != scan->last_owner) {
+        scan->last_owner = owner;
+        scan->last_owner_visible = OidIsValid(owner) ? has_privs_of_role(scan->viewer, owner)
+                                                     : superuser_arg(scan->viewer);
+    }
+    return scan->last_owner_visible;
+}
 
 Datum timestamp_or_infinity(core::Micros value) {
     TimestampTz ts = value;
@@ -64,16 +83,20 @@ void emit_status_row(const RegistryEntry& entry, void* ctx) {
         fill_bucket_columns(entry, scan->now, values, nulls);
     } else if (kind == EntryKind::kLock || kind == EntryKind::kQueueGroup) {
         values[12] = Int64GetDatum(entry.of.lock.token);
+        nulls[12] = !token_visible(scan, entry.owner);
         values[13] = Int32GetDatum(entry.of.lock.waiters);
-        nulls[12] = nulls[13] = false;
+        nulls[13] = false;
     }
+    values[14] = ObjectIdGetDatum(entry.owner);
+    nulls[14] = !OidIsValid(entry.owner);
     tuplestore_putvalues(scan->rsinfo->setResult, scan->rsinfo->setDesc, values, nulls);
 }
 
 Datum registry_entries(FunctionCallInfo fcinfo) {
     registry_require();
     InitMaterializedSRF(fcinfo, 0);
-    StatusScan scan{reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo), clock_now()};
+    StatusScan scan{reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo), clock_now(), GetUserId(),
+                    InvalidOid, false};
     registry_scan(scan.now, emit_status_row, &scan);
     return static_cast<Datum>(0);
 }

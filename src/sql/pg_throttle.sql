@@ -148,27 +148,44 @@ CREATE FUNCTION throttle.registry_entries(
     OUT granted_at timestamptz, OUT next_grant_at timestamptz,
     OUT grants bigint, OUT denials bigint,
     OUT rate integer, OUT per interval, OUT burst integer, OUT remaining integer,
-    OUT token bigint, OUT waiters integer)
+    OUT token bigint, OUT waiters integer, OUT owner regrole)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'pg_throttle_registry_entries'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION throttle.registry_entries() IS
-    'The registry entries of this database that are still in force; see the view throttle.status.';
+    'The registry entries of this database that are still in force; see the view throttle.status. A lock''s token is NULL unless the caller is the role holding it, a member of it or a superuser.';
 
 CREATE VIEW throttle.status AS
-    SELECT kind, name, holder, holder_pid, granted_at, next_grant_at, grants, denials,
+    SELECT kind, name, owner, holder, holder_pid, granted_at, next_grant_at, grants, denials,
            rate, per, burst, remaining, token, waiters
     FROM throttle.registry_entries();
 COMMENT ON VIEW throttle.status IS
-    'One row per registry entry of this database still in force: resources whose interval has not passed, buckets that are not full, locks that are held. Who was granted last, when, when it can next be granted, grants and denials since the entry was created; for buckets rate, per, burst and the units remaining; for locks the fence token and the number of waiters.';
+    'One row per registry entry of this database still in force: resources whose interval has not passed, buckets that are not full, locks that are held. The role the entry belongs to (its creator; for a lock, the role holding it), who was granted last, when, when it can next be granted, grants and denials since the entry was created; for buckets rate, per, burst and the units remaining; for locks the fence token (NULL unless the viewer is the owner, a member of it or a superuser) and the number of waiters.';
 GRANT SELECT ON throttle.status TO PUBLIC;
 
 CREATE VIEW throttle.locks AS
-    SELECT name, holder, holder_pid, granted_at,
+    SELECT name, owner, holder, holder_pid, granted_at,
            CASE WHEN next_grant_at = 'infinity' THEN NULL ELSE next_grant_at END AS expires_at,
            next_grant_at = 'infinity' AS session, token, waiters
     FROM throttle.registry_entries()
     WHERE kind = 'lock';
 COMMENT ON VIEW throttle.locks IS
-    'The locks of this database that are held: holder, backend pid, when granted, when the lease expires (NULL: a session lock, held until unlocked or the session ends), fence token, backends waiting.';
+    'The locks of this database that are held: the role holding it, holder, backend pid, when granted, when the lease expires (NULL: a session lock, held until unlocked or the session ends), fence token (NULL unless the viewer is the owner, a member of it or a superuser), backends waiting.';
 GRANT SELECT ON throttle.locks TO PUBLIC;
+
+CREATE FUNCTION throttle.registry_usage(
+    OUT scope text, OUT name text, OUT entries bigint, OUT quota bigint)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'pg_throttle_registry_usage'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle.registry_usage() IS
+    'How many registry entries each role and each database holds, server-wide; see the view throttle.usage.';
+
+CREATE VIEW throttle.usage AS
+    SELECT scope, name, entries, quota,
+           round(100.0 * entries / current_setting('pg_throttle.max_entries')::bigint, 2)
+               AS percent_of_registry
+    FROM throttle.registry_usage();
+COMMENT ON VIEW throttle.usage IS
+    'One row per role (scope ''role'') and per database (scope ''database'') holding registry entries, server-wide: how many, the quota that applies (pg_throttle.role_quota or pg_throttle.database_quota, in entries, by the viewing session''s settings) and the share of pg_throttle.max_entries used.';
+GRANT SELECT ON throttle.usage TO PUBLIC;

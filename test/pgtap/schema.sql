@@ -1,6 +1,6 @@
 -- The installed SQL surface: objects, signatures, properties, documentation.
 BEGIN;
-SELECT plan(31);
+SELECT plan(33);
 
 SELECT has_schema('throttle');
 SELECT has_table('throttle', 'resource', 'catalog table throttle.resource');
@@ -10,9 +10,13 @@ SELECT col_not_null('throttle', 'resource', 'every', 'every is required');
 SELECT col_type_is('throttle', 'resource', 'comment', 'text', 'comment is text');
 SELECT has_view('throttle', 'status', 'view throttle.status');
 SELECT columns_are('throttle', 'status',
-    ARRAY['kind', 'name', 'holder', 'holder_pid', 'granted_at', 'next_grant_at', 'grants', 'denials',
-          'rate', 'per', 'burst', 'remaining', 'token', 'waiters'],
+    ARRAY['kind', 'name', 'owner', 'holder', 'holder_pid', 'granted_at', 'next_grant_at', 'grants',
+          'denials', 'rate', 'per', 'burst', 'remaining', 'token', 'waiters'],
     'throttle.status has the documented columns');
+SELECT has_view('throttle', 'usage', 'view throttle.usage');
+SELECT columns_are('throttle', 'usage',
+    ARRAY['scope', 'name', 'entries', 'quota', 'percent_of_registry'],
+    'throttle.usage has the documented columns');
 
 SELECT has_function('throttle', 'acquire', ARRAY['text', 'interval', 'text']);
 SELECT has_function('throttle', 'lock', ARRAY['text', 'interval', 'interval', 'text']);
@@ -27,7 +31,8 @@ SELECT ok(NOT has_function_privilege('public', 'throttle.checkpoint()', 'EXECUTE
     'only privileged roles may write a checkpoint');
 SELECT has_function('throttle', 'renew', ARRAY['text', 'bigint', 'interval']);
 SELECT columns_are('throttle', 'locks',
-    ARRAY['name', 'holder', 'holder_pid', 'granted_at', 'expires_at', 'session', 'token', 'waiters'],
+    ARRAY['name', 'owner', 'holder', 'holder_pid', 'granted_at', 'expires_at', 'session', 'token',
+          'waiters'],
     'throttle.locks has the documented columns');
 SELECT function_returns('throttle', 'acquire', ARRAY['text', 'interval', 'text'], 'boolean');
 SELECT volatility_is('throttle', 'acquire', ARRAY['text', 'interval', 'text'], 'volatile',

@@ -29,7 +29,7 @@ struct Record {
     uint8 holder_len;
     uint16 reserved;
     int32 holder_pid;
-    int32 reserved2;
+    Oid owner;  // 0 in files of before owners: counted against the database only
     int64 granted_at;
     int64 expires_at;
 };
@@ -59,6 +59,7 @@ bool decode(const char* pos, const char* end, RegistryEntry* entry, size_t* size
     memcpy(entry->key.name, pos + sizeof record, record.name_len);
     memcpy(entry->holder, pos + sizeof record + record.name_len, record.holder_len);
     entry->holder_pid = record.holder_pid;
+    entry->owner = record.owner;
     entry->granted_at = record.granted_at;
     entry->expires_at = record.expires_at;
     return true;
@@ -88,7 +89,7 @@ void record_buffer_add(RecordBuffer* buffer, const RegistryEntry& entry) {
                         static_cast<uint8>(holder_len),
                         0,
                         entry.holder_pid,
-                        0,
+                        entry.owner,
                         entry.granted_at,
                         entry.expires_at};
     memcpy(pos, &record, sizeof record);

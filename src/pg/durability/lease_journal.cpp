@@ -28,7 +28,7 @@ constexpr const char* kLocksUnknownTemp = "pg_throttle.locks_unknown.tmp";
 constexpr uint32 kLocksUnknownMagic = 0x50474c55;  // "PGLU"
 constexpr uint32 kRecordMagic = 0x50474c52;        // "PGLR"
 constexpr uint32 kSnapshotMagic = 0x50474c53;      // "PGLS"
-constexpr uint32 kFormatVersion = 2;
+constexpr uint32 kFormatVersion = 3;               // 3: with the owner role
 // A record is one aligned 512-byte block: a torn or never-written block is
 // recognised by its CRC, and the next record is found anyway.
 constexpr size_t kRecordBytes = 512;
@@ -166,6 +166,7 @@ void set_entry(RegistryEntry* entry, const LeaseRecord& lease) {
     entry->granted_at = lease.granted_at;
     entry->expires_at = lease.token != 0 ? lease.expires_at : kLongExpired;
     entry->holder_pid = lease.holder_pid;
+    entry->owner = lease.owner;
     memcpy(entry->holder, lease.holder, sizeof entry->holder);
     entry->holder[core::kMaxHolderBytes] = '\0';
 }
@@ -522,6 +523,7 @@ void lease_record_of(const RegistryEntry& entry, LeaseRecord* record) {
     record->expires_at = leased ? entry.expires_at : kLongExpired;
     record->dbid = entry.key.dbid;
     record->holder_pid = entry.holder_pid;
+    record->owner = entry.owner;
     record->name_len = entry.key.name_len;
     memcpy(record->name, entry.key.name, entry.key.name_len);
     memcpy(record->holder, entry.holder, sizeof record->holder);

@@ -45,6 +45,7 @@ struct LeaseRecord {
     int64 expires_at;  // real clock
     Oid dbid;
     int32 holder_pid;
+    Oid owner;  // the role holding the lease (RegistryEntry::owner)
     uint8 name_len;
     char name[core::kMaxNameBytes];
     char holder[core::kMaxHolderBytes + 1];

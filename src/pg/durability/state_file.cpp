@@ -11,7 +11,7 @@ namespace pg_throttle::pg {
 namespace {
 
 constexpr uint32 kMagic = 0x50475448;  // "PGTH"
-constexpr uint32 kFormatVersion = 4;   // 4: with the crash rules in force
+constexpr uint32 kFormatVersion = 5;   // 5: entries with their owner role
 
 struct StateHeader {
     uint32 magic;

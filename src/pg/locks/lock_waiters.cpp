@@ -34,21 +34,36 @@ WaiterSlot* my_waiter_slot() {
     return &slots[MyBackendId];
 }
 
-void waiter_enqueue(const RegistryKey& key, int64 ttl, const char* holder) {
+void waiter_enqueue(RegistryEntry* entry, int64 ttl, const char* holder, Oid role) {
     WaiterSlot* slot = my_waiter_slot();
     LWLockAcquire(registry_waiters_lock(), LW_EXCLUSIVE);
-    slot->key = key;
+    slot->key = entry->key;
     slot->arrival = ++*arrivals;
     slot->ttl = ttl;
     slot->granted_token = 0;
     slot->pid = MyProcPid;
     slot->pgprocno = MyProc->pgprocno;
+    slot->role = role;
     strlcpy(slot->holder, holder, sizeof slot->holder);
     slot->waiting = true;
+    entry->of.lock.waiters++;
     LWLockRelease(registry_waiters_lock());
 }
 
-WaiterSlot* waiter_earliest(const RegistryKey& key) {
+void waiter_dequeue(RegistryEntry* entry, WaiterSlot* slot) {
+    Assert(slot->waiting && same_key(slot->key, entry->key));
+    slot->waiting = false;
+    entry->of.lock.waiters--;
+}
+
+void waiter_forget_mine() {
+    LWLockAcquire(registry_waiters_lock(), LW_EXCLUSIVE);
+    my_waiter_slot()->waiting = false;
+    LWLockRelease(registry_waiters_lock());
+}
+
+WaiterSlot* waiter_earliest(const RegistryEntry& entry) {
+    const RegistryKey& key = entry.key;
     WaiterSlot* earliest = nullptr;
     for (int i = 1; i < slot_count; i++) {
         WaiterSlot* slot = &slots[i];

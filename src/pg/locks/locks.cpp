@@ -8,8 +8,11 @@
 #include "pg/durability/sync_standbys.hpp"
 #include "pg/locks/lock_waiters.hpp"
 
+#include <string_view>
+
 extern "C" {
 #include "access/xlog.h"
+#include "utils/acl.h"
 }
 
 namespace pg_throttle::pg {
@@ -24,7 +27,29 @@ core::Micros now_for(const RegistryKey& key) {
 }
 
 bool exit_callback_registered = false;
-bool may_hold_session_locks = false;  // this backend took or queued for a session lock
+
+// The session locks this backend took or queued for, in its own memory: at
+// exit it releases those it still holds, without scanning the registry.
+HTAB* session_lock_keys = nullptr;
+
+void remember_session_lock(const RegistryKey& key) {
+    if (session_lock_keys == nullptr) {
+        HASHCTL info{};
+        info.keysize = sizeof(RegistryKey);
+        info.entrysize = sizeof(RegistryKey);
+        info.hcxt = TopMemoryContext;
+        // Keys are zero past name_len (registry_make_key): compared as bytes.
+        session_lock_keys = hash_create("pg_throttle session locks", 16, &info,
+                                        HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+    }
+    (void)hash_search(session_lock_keys, &key, HASH_ENTER, nullptr);
+}
+
+void forget_session_lock(const RegistryKey& key) {
+    if (session_lock_keys != nullptr) {
+        (void)hash_search(session_lock_keys, &key, HASH_REMOVE, nullptr);
+    }
+}
 
 bool held(const RegistryEntry& entry, core::Micros now) {
     return entry.of.lock.token != 0 && now < entry.expires_at;
@@ -40,7 +65,8 @@ bool journaled_grant(const RegistryEntry& entry) {
 }
 
 void grant(RegistryEntry* entry, core::Micros now, int64 token, int64 ttl, int32 pid,
-           const char* holder) {
+           const char* holder, Oid role) {
+    entry->owner = role;  // the registry moves the entry's count along
     entry->of.lock.token = token;
     entry->of.lock.seq = lease_next_seq();
     entry->of.lock.session = ttl == 0;
@@ -65,13 +91,12 @@ void set_free(RegistryEntry* entry) {
 void hand_over(RegistryEntry* entry, core::Micros now) {
     if (entry->of.lock.waiters > 0) {
         LWLockAcquire(registry_waiters_lock(), LW_EXCLUSIVE);
-        WaiterSlot* next = waiter_earliest(entry->key);
+        WaiterSlot* next = waiter_earliest(*entry);
         if (next != nullptr) {
             const int64 token = fence_next();
             if (token != 0) {
-                next->waiting = false;
-                entry->of.lock.waiters--;
-                grant(entry, now, token, next->ttl, next->pid, next->holder);
+                waiter_dequeue(entry, next);
+                grant(entry, now, token, next->ttl, next->pid, next->holder, next->role);
                 next->granted_token = token;
                 next->granted_seq = entry->of.lock.seq;
                 next->granted_at = now;
@@ -82,7 +107,9 @@ void hand_over(RegistryEntry* entry, core::Micros now) {
             LWLockRelease(registry_waiters_lock());
             return;
         }
-        entry->of.lock.waiters = 0;  // no slot matched: the count was stale
+        // Unreachable: the count is changed only with the slots it counts.
+        Assert(false);
+        entry->of.lock.waiters = 0;
         LWLockRelease(registry_waiters_lock());
     }
     set_free(entry);
@@ -129,6 +156,7 @@ struct LockCall {
     int64 ttl;  // 0: session lock
     bool may_wait;
     const Holder* holder;
+    Oid role;
     int64 token;          // out: the grant, or 0
     bool queued;          // out: this backend is now waiting
     bool tokens_used_up;  // out: free, but the durable block of tokens ran out
@@ -142,6 +170,7 @@ constexpr int64 kUnknownHolderToken = -1;
 // asked for since the restart counts as leased until the restart plus
 // pg_throttle.max_lease, by a holder nobody knows.
 void lock_born(RegistryEntry* entry, core::Micros restart, void* /*ctx*/) {
+    entry->owner = InvalidOid;
     entry->of.lock.token = kUnknownHolderToken;
     entry->granted_at = restart;
     entry->expires_at = core::saturating_add(restart, registry_max_lease());
@@ -169,7 +198,7 @@ void lock_apply_exclusive(RegistryEntry* entry, void* ctx) {
             call->tokens_used_up = true;
             return;
         }
-        grant(entry, call->now, call->token, call->ttl, MyProcPid, call->holder->text);
+        grant(entry, call->now, call->token, call->ttl, MyProcPid, call->holder->text, call->role);
         if (journaled_grant(*entry)) {
             lease_record_of(*entry, &call->granted);
         }
@@ -179,8 +208,7 @@ void lock_apply_exclusive(RegistryEntry* entry, void* ctx) {
         __atomic_fetch_add(&entry->denials, 1, __ATOMIC_RELAXED);
         return;
     }
-    waiter_enqueue(entry->key, call->ttl, call->holder->text);
-    entry->of.lock.waiters++;
+    waiter_enqueue(entry, call->ttl, call->holder->text, call->role);
     call->queued = true;
 }
 
@@ -212,8 +240,7 @@ void wait_check(RegistryEntry* entry, void* ctx) {
         check->at = me->granted_at;
         me->granted_token = 0;
     } else if (check->give_up) {
-        me->waiting = false;
-        entry->of.lock.waiters--;
+        waiter_dequeue(entry, me);
     }
     LWLockRelease(registry_waiters_lock());
     check->lapses_at = entry->expires_at;
@@ -237,8 +264,7 @@ long sleep_ms(TimestampTz deadline, core::Micros real, core::Micros now, core::M
     if (lapses_at != core::kNever && lapses_at - now < sleep_us) {
         sleep_us = lapses_at - now;  // a lease ends: the queue's head takes over then
     }
-    const long ms = static_cast<long>((sleep_us + 999) / 1000);
-    return ms > 0 ? ms : 1;
+    return core::sleep_timeout_ms(sleep_us);  // a wait longer than WaitLatch takes loops
 }
 
 // Waits in the queue until the lock is handed over or the wait runs out
@@ -253,7 +279,7 @@ WaitCheck wait_in_queue(const RegistryKey& key, core::Micros wait_us) {
             WaitCheck check{now_for(key), real_now() >= deadline, 0, 0, 0, 0, false};
             registry_update_existing(key, wait_check, &check);
             if (!check.found) {
-                my_waiter_slot()->waiting = false;  // the entry is gone: stop
+                waiter_forget_mine();  // the entry is gone: stop
                 break;
             }
             if (check.token != 0 || check.give_up) {
@@ -283,24 +309,102 @@ struct TokenCall {
     core::Micros now;
     int64 token;
     int64 ttl;  // renew only
+    // Who may use the token: for throttle.lock's locks the role holding the
+    // lock, a member of it or a superuser, and for a session lock only its
+    // session. (Queue groups are checked by the queue.)
+    bool check_owner;
+    Oid role;  // the caller
+    bool superuser;
+    Oid may_act_as;  // an owner whose privileges the caller was found to have
     bool done;
     bool is_session_lock;
-    bool journal;        // `record` is to be written
-    LeaseRecord record;  // a release (unlock, reset) or the renewed lease
+    Oid refused_owner;    // out: the token is right, the lock another role's
+    int32 other_session;  // out: the token is right, the session lock another session's (pid)
+    bool journal;         // `record` is to be written
+    LeaseRecord record;   // a release (unlock, reset) or the renewed lease
 };
+
+TokenCall token_call(const RegistryKey& key, int64 token, int64 ttl) {
+    TokenCall call{};
+    call.now = now_for(key);
+    call.token = token;
+    call.ttl = ttl;
+    call.check_owner = static_cast<EntryKind>(key.kind) == EntryKind::kLock;
+    call.role = GetUserId();
+    call.superuser = superuser();
+    return call;
+}
+
+// Whether `call` holds the current grant of `entry`: its token, and, where
+// checked, the right to use it; a refusal is left in `call` to report.
+bool holds_grant(const RegistryEntry& entry, TokenCall* call) {
+    if (call->token <= 0 || !held(entry, call->now) || entry.of.lock.token != call->token) {
+        return false;
+    }
+    if (!call->check_owner) {
+        return true;
+    }
+    if (entry.of.lock.session && entry.holder_pid != MyProcPid) {
+        call->other_session = entry.holder_pid;
+        return false;
+    }
+    if (entry.owner != call->role && entry.owner != call->may_act_as && !call->superuser) {
+        call->refused_owner = entry.owner;
+        return false;
+    }
+    return true;
+}
 
 void unlock_update(RegistryEntry* entry, void* ctx) {
     auto* call = static_cast<TokenCall*>(ctx);
-    if (call->token > 0 && held(*entry, call->now) && entry->of.lock.token == call->token) {
+    if (holds_grant(*entry, call)) {
+        call->is_session_lock = entry->of.lock.session;
         end_grant(entry, call->now, &call->record, &call->journal);
         call->done = true;
+    }
+}
+
+// Runs a token call (unlock, renew) on `key`; when the lock is another
+// role's, checks outside the registry's locks whether the caller has that
+// role's privileges and, if so, runs it once more as such; raises 42501 when
+// not, or when a session lock is another session's.
+void run_token_call(const RegistryKey& key, void (*update)(RegistryEntry* entry, void* ctx),
+                    TokenCall* call, const char* what) {
+    const TokenCall initial = *call;
+    registry_update_existing(key, update, call);
+    if (call->refused_owner != InvalidOid && has_privs_of_role(call->role, call->refused_owner)) {
+        TokenCall again = initial;
+        again.may_act_as = call->refused_owner;
+        *call = again;
+        registry_update_existing(key, update, call);
+    }
+    const std::string_view name(key.name, key.name_len);
+    if (call->other_session != 0) {
+        ereport(ERROR,
+                (errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+                 errmsg("cannot %s lock \"%.*s\": it is a session lock of another session", what,
+                        static_cast<int>(name.size()), name.data()),
+                 errdetail("Only the session that took it (pid %d) can release it; it is released "
+                           "when that session ends.",
+                           call->other_session),
+                 errhint("An operator can end it with throttle.reset.")));
+    }
+    if (call->refused_owner != InvalidOid) {
+        const char* owner = GetUserNameFromId(call->refused_owner, true);
+        ereport(ERROR,
+                (errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+                 errmsg("permission denied to %s lock \"%.*s\"", what,
+                        static_cast<int>(name.size()), name.data()),
+                 errdetail("The lock is held by role \"%s\".", owner != nullptr ? owner : "?"),
+                 errhint("Only that role, a member of it or a superuser can %s it.", what)));
     }
 }
 
 // Releases `token` of `key` while an error is being handled: the registry
 // and the journal, not WAL (a standby then keeps the lease to its end).
 void release_after_error(const RegistryKey& key, int64 token) {
-    TokenCall call{now_for(key), token, 0, false, false, false, {}};
+    TokenCall call = token_call(key, token, 0);
+    call.check_owner = false;  // this backend's own grant, just made
     registry_update_existing(key, unlock_update, &call);
     if (call.journal) {
         write_release(call.record, false);
@@ -340,6 +444,7 @@ void handed_over_record(const RegistryKey& key, const WaitCheck& check, int64 tt
     record->expires_at = core::saturating_add(check.at, ttl);
     record->dbid = key.dbid;
     record->holder_pid = MyProcPid;
+    record->owner = registry_caller_role(static_cast<EntryKind>(key.kind));
     record->name_len = key.name_len;
     memcpy(record->name, key.name, key.name_len);
     memcpy(record->holder, holder.text, sizeof record->holder);
@@ -362,8 +467,12 @@ void release_at_exit(int /*code*/, Datum /*arg*/) {
     if (me->waiting || me->granted_token != 0) {
         registry_update_existing(me->key, abandon_wait, &now);
     }
-    if (may_hold_session_locks) {
-        registry_for_each_exclusive(release_if_own_session_lock, &now);
+    if (session_lock_keys != nullptr) {
+        HASH_SEQ_STATUS scan;
+        hash_seq_init(&scan, session_lock_keys);
+        while (const auto* key = static_cast<const RegistryKey*>(hash_seq_search(&scan))) {
+            registry_update_existing(*key, release_if_own_session_lock, &now);
+        }
     }
 }
 
@@ -376,7 +485,7 @@ void register_exit_callback() {
 
 void renew_update(RegistryEntry* entry, void* ctx) {
     auto* call = static_cast<TokenCall*>(ctx);
-    if (call->token <= 0 || !held(*entry, call->now) || entry->of.lock.token != call->token) {
+    if (!holds_grant(*entry, call)) {
         return;
     }
     if (entry->of.lock.session) {
@@ -414,15 +523,14 @@ int64 lock_take(const RegistryKey& key, int64 ttl, core::Micros wait_us, const H
     refuse_on_standby();
     register_exit_callback();
     if (ttl == 0) {
-        may_hold_session_locks = true;
+        remember_session_lock(key);  // before it can be granted, even while waiting
     }
+    const Oid role = registry_caller_role(static_cast<EntryKind>(key.kind));
     LockCall call{};
     do {
         fence_reserve_ahead();
-        call = LockCall{now_for(key), ttl, wait_us > 0, &holder, 0, false, false, {}};
-        if (registry_apply(key, kLockOp, &call) == ApplyResult::kFull) {
-            registry_raise_full();
-        }
+        call = LockCall{now_for(key), ttl, wait_us > 0, &holder, role, 0, false, false, {}};
+        registry_apply(key, kLockOp, &call);
     } while (call.tokens_used_up);
     int64 token = call.token;
     LeaseRecord record = call.granted;
@@ -440,18 +548,21 @@ int64 lock_take(const RegistryKey& key, int64 ttl, core::Micros wait_us, const H
 bool lock_release(const RegistryKey& key, int64 token) {
     refuse_on_standby();
     fence_reserve_ahead();  // the lock may go to a waiter with a new token
-    TokenCall call{now_for(key), token, 0, false, false, false, {}};
-    registry_update_existing(key, unlock_update, &call);
+    TokenCall call = token_call(key, token, 0);
+    run_token_call(key, unlock_update, &call, "unlock");
     if (call.journal) {
         write_release(call.record, true);
+    }
+    if (call.done && call.is_session_lock) {
+        forget_session_lock(key);
     }
     return call.done;
 }
 
 RenewResult lock_renew(const RegistryKey& key, int64 token, int64 ttl) {
     refuse_on_standby();
-    TokenCall call{now_for(key), token, ttl, false, false, false, {}};
-    registry_update_existing(key, renew_update, &call);
+    TokenCall call = token_call(key, token, ttl);
+    run_token_call(key, renew_update, &call, "renew");
     if (call.is_session_lock) {
         return RenewResult::kSessionLock;
     }
@@ -472,7 +583,7 @@ RenewResult lock_renew(const RegistryKey& key, int64 token, int64 ttl) {
 bool lock_reset(const RegistryKey& key) {
     refuse_on_standby();
     fence_reserve_ahead();
-    TokenCall call{now_for(key), 0, 0, false, false, false, {}};
+    TokenCall call = token_call(key, 0, 0);
     registry_update_existing(key, reset_update, &call);
     if (call.journal) {
         write_release(call.record, true);

@@ -1,0 +1,163 @@
+#include "core/owner_counts.hpp"
+#include "pg/registry_quota.hpp"
+
+namespace pg_throttle::pg {
+namespace {
+
+int role_quota_percent = 50;
+int database_quota_percent = 50;
+int64 max_entries_seen = 0;
+
+struct QuotaShared {
+    uint32 capacity;  // slots per table; the role table, then the database table, follow
+};
+static_assert(std::is_trivially_copyable_v<QuotaShared>);
+
+QuotaShared* shared = nullptr;
+core::OwnerCount* role_counts = nullptr;
+core::OwnerCount* database_counts = nullptr;
+LWLock* counts_lock = nullptr;
+
+int64 limit_of(int percent) {
+    return std::max<int64>(1, max_entries_seen * percent / 100);
+}
+
+const char* role_name_or_oid(Oid role, char* buffer, size_t size) {
+    // Called outside every LWLock: a catalog lookup may raise.
+    const char* name = GetUserNameFromId(role, true);
+    if (name != nullptr) {
+        return name;
+    }
+    snprintf(buffer, size, "%u", role);
+    return buffer;
+}
+
+}  // namespace
+
+void quota_define_gucs() {
+    DefineCustomIntVariable(
+        "pg_throttle.role_quota",
+        "Most registry entries one role may hold, in percent of pg_throttle.max_entries.",
+        "Counted server-wide over every database. A superuser may give a role more with "
+        "ALTER ROLE ... SET.",
+        &role_quota_percent, 50, 1, 100, PGC_SUSET, 0, nullptr, nullptr, nullptr);
+    DefineCustomIntVariable(
+        "pg_throttle.database_quota",
+        "Most registry entries one database may hold, in percent of pg_throttle.max_entries.",
+        "A superuser may give a database more with ALTER DATABASE ... SET.",
+        &database_quota_percent, 50, 1, 100, PGC_SUSET, 0, nullptr, nullptr, nullptr);
+}
+
+Size quota_shmem_size(int max_entries) {
+    // Each entry counts against at most one role and one database: room for
+    // as many owners of each as there can be entries.
+    const uint32 capacity = core::owner_table_capacity(max_entries);
+    return add_size(MAXALIGN(sizeof(QuotaShared)),
+                    mul_size(2 * static_cast<Size>(capacity), sizeof(core::OwnerCount)));
+}
+
+void quota_attach_shmem(int max_entries, LWLock* lock) {
+    max_entries_seen = max_entries;
+    counts_lock = lock;
+    bool found = false;
+    const Size size = quota_shmem_size(max_entries);
+    auto* base = static_cast<char*>(ShmemInitStruct("pg_throttle quotas", size, &found));
+    shared = reinterpret_cast<QuotaShared*>(base);
+    if (!found) {
+        memset(base, 0, size);
+        shared->capacity = core::owner_table_capacity(max_entries);
+    }
+    role_counts = reinterpret_cast<core::OwnerCount*>(base + MAXALIGN(sizeof(QuotaShared)));
+    database_counts = role_counts + shared->capacity;
+}
+
+QuotaCheck quota_charge(Oid role, Oid db, bool enforce) {
+    const int64 role_limit = limit_of(role_quota_percent);
+    const int64 database_limit = limit_of(database_quota_percent);
+    QuotaCheck result = QuotaCheck::kOk;
+    LWLockAcquire(counts_lock, LW_EXCLUSIVE);
+    if (enforce && OidIsValid(role) &&
+        core::owner_count_of(role_counts, shared->capacity, role) >= role_limit) {
+        result = QuotaCheck::kRoleQuota;
+    } else if (enforce &&
+               core::owner_count_of(database_counts, shared->capacity, db) >= database_limit) {
+        result = QuotaCheck::kDatabaseQuota;
+    } else {
+        // The tables have a slot for every entry the registry can hold.
+        (void)core::owner_count_add(role_counts, shared->capacity, role, 1);
+        (void)core::owner_count_add(database_counts, shared->capacity, db, 1);
+    }
+    LWLockRelease(counts_lock);
+    return result;
+}
+
+void quota_uncharge(Oid role, Oid db) {
+    LWLockAcquire(counts_lock, LW_EXCLUSIVE);
+    (void)core::owner_count_add(role_counts, shared->capacity, role, -1);
+    (void)core::owner_count_add(database_counts, shared->capacity, db, -1);
+    LWLockRelease(counts_lock);
+}
+
+void quota_move(Oid from, Oid to) {
+    if (from == to) {
+        return;
+    }
+    LWLockAcquire(counts_lock, LW_EXCLUSIVE);
+    (void)core::owner_count_add(role_counts, shared->capacity, from, -1);
+    (void)core::owner_count_add(role_counts, shared->capacity, to, 1);
+    LWLockRelease(counts_lock);
+}
+
+void quota_raise(QuotaCheck refused, Oid role, Oid db) {
+    char buffer[16];
+    if (refused == QuotaCheck::kRoleQuota) {
+        ereport(ERROR, (errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+                        errmsg("role \"%s\" holds its quota of pg_throttle registry entries",
+                               role_name_or_oid(role, buffer, sizeof buffer)),
+                        errdetail("A role may hold %lld entries (pg_throttle.role_quota = %d%% of "
+                                  "pg_throttle.max_entries).",
+                                  static_cast<long long>(quota_role_limit()), role_quota_percent),
+                        errhint("Let entries expire, reset them, or have a superuser raise "
+                                "pg_throttle.role_quota for this role (ALTER ROLE ... SET).")));
+    }
+    const char* database = get_database_name(db);
+    ereport(ERROR,
+            (errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+             errmsg("database \"%s\" holds its quota of pg_throttle registry entries",
+                    database != nullptr ? database : "?"),
+             errdetail("A database may hold %lld entries (pg_throttle.database_quota = %d%% of "
+                       "pg_throttle.max_entries).",
+                       static_cast<long long>(quota_database_limit()), database_quota_percent),
+             errhint("Let entries expire, reset them, or have a superuser raise "
+                     "pg_throttle.database_quota for this database (ALTER DATABASE ... SET).")));
+    pg_unreachable();
+}
+
+int64 quota_usage(QuotaUsage* rows, int64 capacity) {
+    int64 count = 0;
+    LWLockAcquire(counts_lock, LW_SHARED);
+    for (int table = 0; table < 2; table++) {
+        const core::OwnerCount* counts = table == 0 ? role_counts : database_counts;
+        for (uint32 i = 0; i < shared->capacity; i++) {
+            if (counts[i].owner == 0) {
+                continue;
+            }
+            if (count < capacity) {
+                rows[count] = QuotaUsage{table == 0, counts[i].owner, counts[i].count};
+            }
+            count++;
+        }
+    }
+    LWLockRelease(counts_lock);
+    return count;
+}
+
+int64 quota_role_limit() {
+    return limit_of(role_quota_percent);
+}
+
+int64 quota_database_limit() {
+    return limit_of(database_quota_percent);
+}
+
+}  // namespace pg_throttle::pg

@@ -1,0 +1,51 @@
+// Quotas on the registry: how many entries each role and each database
+// holds, and the most each may hold (pg_throttle.role_quota,
+// pg_throttle.database_quota, in percent of pg_throttle.max_entries), so
+// that no role and no database can fill the registry for the others.
+//
+// An entry counts against its database and its owner (RegistryEntry::owner:
+// the role that created it; for a lock, the role holding it). The counts
+// live in shared memory under a lock of their own, taken after a partition
+// lock and never before one; nothing here raises or sleeps under it.
+#pragma once
+
+#include "pg/pg_headers.hpp"
+
+namespace pg_throttle::pg {
+
+void quota_define_gucs();
+Size quota_shmem_size(int max_entries);
+// `lock`: the LWLock that guards the counts.
+void quota_attach_shmem(int max_entries, LWLock* lock);
+
+enum class QuotaCheck { kOk, kRoleQuota, kDatabaseQuota };
+
+// Counts a new entry of database `db` owned by `role` (InvalidOid: counted
+// against the database only). With `enforce`, refuses it (and counts
+// nothing) when the role or the database already holds its quota, by the
+// calling session's settings. Without, as when the server restores what it
+// held, it always counts.
+QuotaCheck quota_charge(Oid role, Oid db, bool enforce);
+// The entry is gone.
+void quota_uncharge(Oid role, Oid db);
+// The entry now belongs to `to` (a lock granted to another role). Not
+// enforced: the entry exists already.
+void quota_move(Oid from, Oid to);
+
+// Raises SQLSTATE 53400 for a refused charge, with a hint naming the GUC.
+[[noreturn]] void quota_raise(QuotaCheck refused, Oid role, Oid db);
+
+// One row of throttle.usage.
+struct QuotaUsage {
+    bool is_role;  // else a database
+    Oid owner;
+    int32 entries;
+};
+// Copies every nonzero count into `rows` (room for `capacity`); returns how
+// many there are, which may exceed `capacity` (then call again with more).
+int64 quota_usage(QuotaUsage* rows, int64 capacity);
+// The quotas, in entries, by the calling session's settings.
+int64 quota_role_limit();
+int64 quota_database_limit();
+
+}  // namespace pg_throttle::pg

@@ -1,0 +1,58 @@
+// throttle.registry_usage(): the rows behind the throttle.usage view: how
+// many registry entries each role and each database holds, and its quota.
+#include "pg/registry.hpp"
+#include "pg/registry_quota.hpp"
+
+#include "pg/arguments.hpp"
+#include "pg/boundary.hpp"
+
+namespace pg_throttle::pg {
+namespace {
+
+constexpr int kUsageColumns = 4;
+
+Datum registry_usage(FunctionCallInfo fcinfo) {
+    registry_require();
+    InitMaterializedSRF(fcinfo, 0);
+    auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+    // Copied under the quota lock into memory allocated before it is taken.
+    int64 capacity = 64;
+    QuotaUsage* rows = nullptr;
+    int64 count = 0;
+    for (;;) {
+        rows = static_cast<QuotaUsage*>(
+            palloc_extended(capacity * sizeof(QuotaUsage), MCXT_ALLOC_HUGE));
+        count = quota_usage(rows, capacity);
+        if (count <= capacity) {
+            break;
+        }
+        pfree(rows);
+        capacity = count + count / 4 + 64;
+    }
+    const int64 role_limit = quota_role_limit();
+    const int64 database_limit = quota_database_limit();
+    for (int64 i = 0; i < count; i++) {
+        Datum values[kUsageColumns];
+        bool nulls[kUsageColumns] = {};
+        const QuotaUsage& row = rows[i];
+        if (row.is_role) {
+            const char* role = GetUserNameFromId(row.owner, true);
+            values[1] = role != nullptr ? CStringGetTextDatum(role) : (nulls[1] = true, 0);
+        } else {
+            const char* database = get_database_name(row.owner);
+            values[1] = database != nullptr ? CStringGetTextDatum(database) : (nulls[1] = true, 0);
+        }
+        values[0] = CStringGetTextDatum(row.is_role ? "role" : "database");
+        values[2] = Int64GetDatum(row.entries);
+        // The quota as it applies to the calling session's settings.
+        values[3] = Int64GetDatum(row.is_role ? role_limit : database_limit);
+        tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+    }
+    pfree(rows);
+    return static_cast<Datum>(0);
+}
+
+}  // namespace
+}  // namespace pg_throttle::pg
+
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_registry_usage, pg_throttle::pg::registry_usage)
