@@ -6,6 +6,7 @@ cd "$(dirname "$0")"
 rc=0
 pg_virtualenv -t -o shared_preload_libraries=pg_throttle ./server-suites.sh main || rc=1
 pg_virtualenv -t -o shared_preload_libraries=pg_throttle -o pg_throttle.max_entries=100 \
+    -o pg_throttle.role_quota=100 -o pg_throttle.database_quota=100 \
     ./server-suites.sh small-registry || rc=1
 for phase in backend postmaster damaged-checkpoint; do
     pg_virtualenv -t -o shared_preload_libraries=pg_throttle -o pg_throttle.max_lease=30 \

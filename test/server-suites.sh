@@ -30,6 +30,7 @@ main)
     run_suite wait prove prove --verbose test/integration/wait.py || status=1
     run_suite locks prove prove --verbose test/integration/locks.py || status=1
     run_suite queue prove prove --verbose test/integration/queue.py || status=1
+    run_suite security prove prove --verbose test/integration/security.py || status=1
     ;;
 small-registry)
     run_suite registry-full prove prove --verbose test/integration/registry_full.py || status=1

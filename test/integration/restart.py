@@ -15,7 +15,10 @@ promise go:
 - the crash rule outlives clean restarts, and each call decides on its own
   interval or bucket shape;
 - a release whose WAL record was never flushed stays released after a
-  postmaster kill (redo does not bring back the grant).
+  postmaster kill (redo does not bring back the grant);
+- owners survive: after a clean restart and a crash a lease still belongs to
+  the role that took it (only it may renew or unlock it), and each role's
+  count of entries (its quota) is what it was.
 
 Restarts the cluster this suite runs against, so it runs on a cluster of its own
 (pg_throttle.max_lease = 30 s).
@@ -107,6 +110,68 @@ def clean_restarts(tap, data_dir):
            "(a test clock past that window is granted: the server runs)")
     conn.close()
     real.close()
+
+
+PASSWORD = "restart-test-password"
+
+
+def as_role(role):
+    return connect(user=role, password=PASSWORD)
+
+
+def owners(tap, data_dir):
+    admin = connect()
+    for role in ("rs_alice", "rs_bob"):
+        if one(admin, "SELECT count(*) FROM pg_roles WHERE rolname = %s", (role,))[0] == 0:
+            execute(admin, f"CREATE ROLE {role} LOGIN PASSWORD '{PASSWORD}'")
+    admin.close()
+    alice = as_role("rs_alice")
+    one(alice, "SELECT count(*) FROM (SELECT throttle.acquire('own.job.' || g, '1 hour') "
+               "FROM generate_series(1, 5) AS g) s")
+    lease = one(alice, "SELECT throttle.lock('own.lease', ttl => '20 seconds')")[0]
+    alice.close()
+
+    def usage():
+        conn = connect()
+        row = one(conn, "SELECT entries FROM throttle.usage WHERE scope = 'role' "
+                        "AND name = 'rs_alice'")
+        conn.close()
+        return row[0] if row else 0
+
+    before = usage()
+    pg_ctlcluster("restart", "-m", "fast")
+    tap.is_(usage(), before, f"after a clean restart the role still holds its {before} entries")
+    bob = as_role("rs_bob")
+    err = None
+    try:
+        one(bob, "SELECT throttle.renew('own.lease', %s, '20 seconds')", (lease,))
+    except psycopg2.Error as e:
+        err = e.pgcode
+    tap.is_(err, "42501", "another role still cannot renew the lease (42501)")
+    alice = as_role("rs_alice")
+    tap.ok(one(alice, "SELECT throttle.renew('own.lease', %s, '20 seconds')", (lease,))[0],
+           "its owner can")
+    kill_backend(alice)
+    alice = reconnect(user="rs_alice", password=PASSWORD)
+    try:
+        one(bob, "SELECT 1")
+    except psycopg2.Error:
+        pass
+    bob.close()
+    bob = reconnect(user="rs_bob", password=PASSWORD)
+    err = None
+    try:
+        one(bob, "SELECT throttle.unlock('own.lease', %s)", (lease,))
+    except psycopg2.Error as e:
+        err = e.pgcode
+    tap.is_(err, "42501", "after a crash the lease restored from the journal is still the "
+                          "owner's: another role cannot unlock it")
+    tap.ok(one(alice, "SELECT throttle.unlock('own.lease', %s)", (lease,))[0],
+           "and its owner can (twice: the second is false)")
+    tap.ok(not one(alice, "SELECT throttle.unlock('own.lease', %s)", (lease,))[0],
+           "the second unlock finds it released")
+    alice.close()
+    bob.close()
 
 
 def stale_state_file(tap, data_dir):
@@ -349,16 +414,22 @@ def damaged_record(tap, data_dir):
 
 
 def main():
-    tap = Tap(46)
+    tap = Tap(52)
     conn = connect()
     one(conn, "CREATE EXTENSION IF NOT EXISTS pg_throttle; SELECT 1")
     data_dir = one(conn, "SHOW data_directory")[0]
+    # Parts here fill the registry on purpose: the superuser's sessions may
+    # use all of it (quotas have their own suite, security.py).
+    execute(conn, "ALTER ROLE CURRENT_USER SET pg_throttle.role_quota = 100")
+    database = one(conn, "SELECT current_database()")[0]
+    execute(conn, f'ALTER DATABASE "{database}" SET pg_throttle.database_quota = 100')
     conn.close()
     # Each part leaves the crash rule in force for its successors, which use
     # new names (or the test clock); the first needs a registry without it.
     smaller_registry(tap)
     clean_restarts(tap, data_dir)
     stale_state_file(tap, data_dir)
+    owners(tap, data_dir)
     crash_then_clean_restarts(tap, data_dir)
     release_before_crash(tap, data_dir)
     many_generations(tap, data_dir)
