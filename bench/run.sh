@@ -4,7 +4,8 @@
 # Rounds are interleaved so that drift hits every contender alike; the table
 # reports the median round.
 #   BENCH_SECONDS (5)  BENCH_ROUNDS (3)  BENCH_CLIENTS (8)  BENCH_THREADS (2)
-# Then bench/queue.sh (the event queue against its SQL recipe) and
+# Then bench/queue.sh (the event queue against its SQL recipe),
+# bench/status_scan.sh (grants while sessions loop over throttle.status) and
 # bench/scale.sh (1 000 000 live keys: memory per entry and throughput).
 set -euo pipefail
 source "$(dirname "$0")/../scripts/lib.sh"
@@ -13,8 +14,11 @@ if [ "${1:-}" != "--inside" ]; then
     install_missing_packages bc redis-server
     build_and_install
     # fsync on, as on a real server (pg_virtualenv turns it off): commits and lease grants flush.
+    # One role fills 200 000 entries on purpose: quotas off.
     pg_virtualenv -t -o fsync=on -o shared_preload_libraries=pg_throttle -o max_connections=100 -o pg_throttle.max_entries=300000 \
+        -o pg_throttle.role_quota=100 -o pg_throttle.database_quota=100 \
         -o shared_buffers=256MB "$0" --inside
+    bash "$ROOT/bench/status_scan.sh"
     exec bash "$ROOT/bench/scale.sh"
 fi
 

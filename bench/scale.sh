@@ -10,8 +10,10 @@ ENTRIES=2200000  # headroom: a registry kept full pays for sweeps (README, Limit
 KEYS=1000000
 
 if [ "${1:-}" != "--inside" ]; then
+    # One role fills the registry on purpose: quotas off.
     exec pg_virtualenv -t -o fsync=on -o shared_preload_libraries=pg_throttle -o max_connections=100 \
-        -o pg_throttle.max_entries=$ENTRIES -o shared_buffers=128MB "$0" --inside
+        -o pg_throttle.max_entries=$ENTRIES -o pg_throttle.role_quota=100 \
+        -o pg_throttle.database_quota=100 -o shared_buffers=128MB "$0" --inside
 fi
 
 cd "$ROOT/bench"
@@ -64,7 +66,7 @@ echo
 echo "Scale: $live live registry entries ($KEYS resources + $KEYS buckets, filled in" \
     "$(echo "$filled - $started" | bc -l | xargs printf '%.1f') s); pg_throttle.max_entries = $ENTRIES."
 echo "throttle.checkpoint() of $KEYS resources: $(printf '%.0f' "$checkpoint_ms") ms, ${checkpoint_mb} MB written" \
-    "(the registry's partition locks are held in shared mode while it copies them)."
+    "(each of the registry's 16 partition locks is held in shared mode while its entries are copied)."
 echo "Shared memory (postgres -C shared_memory_size): ${small} MB with 100 entries, ${large} MB with" \
     "$ENTRIES: $(echo "($large - $small) * 1048576 / ($ENTRIES - 100)" | bc -l | xargs printf '%.0f') bytes per entry."
 echo
