@@ -4,23 +4,33 @@ namespace pg_throttle::core {
 namespace {
 
 std::uint32_t home_slot(std::uint32_t owner, std::uint32_t capacity) noexcept {
-    // Fibonacci hashing: OIDs are handed out in sequence, so spread them.
-    return static_cast<std::uint32_t>((owner * 2654435769U) & (capacity - 1));
+    // OIDs are handed out in sequence: spread them (Fibonacci hashing), then
+    // map the 32-bit hash onto [0, capacity) without a division.
+    const std::uint32_t spread = owner * 2654435769U;
+    return static_cast<std::uint32_t>((static_cast<std::uint64_t>(spread) * capacity) >> 32);
+}
+
+std::uint32_t next_slot(std::uint32_t slot, std::uint32_t capacity) noexcept {
+    return slot + 1 == capacity ? 0 : slot + 1;
+}
+
+// How far `to` is after `from`, going round the table.
+std::uint32_t distance(std::uint32_t from, std::uint32_t to, std::uint32_t capacity) noexcept {
+    return to >= from ? to - from : to + capacity - from;
 }
 
 // Frees slot `hole` and moves back the later slots of its run whose home
 // is not between the hole and them (backward-shift deletion).
 void free_slot(OwnerCount* slots, std::uint32_t capacity, std::uint32_t hole) noexcept {
-    const std::uint32_t mask = capacity - 1;
-    std::uint32_t next = (hole + 1) & mask;
+    std::uint32_t next = next_slot(hole, capacity);
     while (slots[next].owner != 0) {
         const std::uint32_t home = home_slot(slots[next].owner, capacity);
-        // Distance from home to where the slot sits, and from home to the hole.
-        if (((next - home) & mask) >= ((next - hole) & mask)) {
+        // Moved back when its home is no nearer to it than the hole is.
+        if (distance(home, next, capacity) >= distance(hole, next, capacity)) {
             slots[hole] = slots[next];
             hole = next;
         }
-        next = (next + 1) & mask;
+        next = next_slot(next, capacity);
     }
     slots[hole] = OwnerCount{0, 0};
 }
@@ -28,11 +38,8 @@ void free_slot(OwnerCount* slots, std::uint32_t capacity, std::uint32_t hole) no
 }  // namespace
 
 std::uint32_t owner_table_capacity(std::int64_t max_owners) noexcept {
-    std::uint32_t capacity = 16;
-    while (capacity < (1U << 31) && static_cast<std::int64_t>(capacity) < 2 * max_owners) {
-        capacity <<= 1;
-    }
-    return capacity;
+    const std::int64_t wanted = max_owners + max_owners / 2 + 16;
+    return static_cast<std::uint32_t>(wanted < (std::int64_t{1} << 31) ? wanted : (1U << 31));
 }
 
 std::int32_t owner_count_of(const OwnerCount* slots, std::uint32_t capacity,
@@ -40,9 +47,8 @@ std::int32_t owner_count_of(const OwnerCount* slots, std::uint32_t capacity,
     if (owner == 0) {
         return 0;
     }
-    const std::uint32_t mask = capacity - 1;
     for (std::uint32_t i = home_slot(owner, capacity), probes = 0; probes < capacity;
-         i = (i + 1) & mask, probes++) {
+         i = next_slot(i, capacity), probes++) {
         if (slots[i].owner == owner) {
             return slots[i].count;
         }
@@ -58,9 +64,8 @@ bool owner_count_add(OwnerCount* slots, std::uint32_t capacity, std::uint32_t ow
     if (owner == 0) {
         return false;
     }
-    const std::uint32_t mask = capacity - 1;
     for (std::uint32_t i = home_slot(owner, capacity), probes = 0; probes < capacity;
-         i = (i + 1) & mask, probes++) {
+         i = next_slot(i, capacity), probes++) {
         if (slots[i].owner == owner) {
             slots[i].count += delta;
             if (slots[i].count <= 0) {

@@ -18,8 +18,9 @@ struct OwnerCount {
     std::int32_t count;
 };
 
-// Slots for a table that must hold `max_owners` owners at once: a power of
-// two at least twice as many, so probes stay short and a slot is always free.
+// Slots for a table that must hold `max_owners` owners at once: half as many
+// again (and a few), so that even full it is two-thirds used, probes stay
+// short and a slot is always free.
 std::uint32_t owner_table_capacity(std::int64_t max_owners) noexcept;
 
 // The count of `owner` (0 when it holds nothing).

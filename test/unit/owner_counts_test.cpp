@@ -9,11 +9,25 @@
 namespace pg_throttle::core {
 namespace {
 
-TEST(OwnerTableCapacity, IsAPowerOfTwoAtLeastTwiceTheOwners) {
+TEST(OwnerTableCapacity, HasRoomForHalfAsManyAgain) {
     EXPECT_EQ(owner_table_capacity(0), 16U);
-    EXPECT_EQ(owner_table_capacity(8), 16U);
-    EXPECT_EQ(owner_table_capacity(9), 32U);
-    EXPECT_EQ(owner_table_capacity(100000), 262144U);
+    EXPECT_EQ(owner_table_capacity(8), 28U);
+    EXPECT_EQ(owner_table_capacity(100000), 150016U);
+}
+
+// A table as full as the registry can make it: every entry a different owner.
+TEST(OwnerCounts, HoldsAsManyOwnersAsItWasSizedFor) {
+    const std::uint32_t capacity = owner_table_capacity(1000);
+    std::vector<OwnerCount> slots(capacity);
+    for (std::uint32_t owner = 1; owner <= 1000; owner++) {
+        ASSERT_TRUE(owner_count_add(slots.data(), capacity, owner * 7919, 1));
+    }
+    for (std::uint32_t owner = 1; owner <= 1000; owner += 2) {
+        ASSERT_TRUE(owner_count_add(slots.data(), capacity, owner * 7919, -1));
+    }
+    for (std::uint32_t owner = 1; owner <= 1000; owner++) {
+        ASSERT_EQ(owner_count_of(slots.data(), capacity, owner * 7919), owner % 2 == 0 ? 1 : 0);
+    }
 }
 
 TEST(OwnerCounts, CountsAndFreesSlots) {
