@@ -1,6 +1,8 @@
 #include "core/owner_counts.hpp"
 #include "pg/registry_quota.hpp"
 
+#include <limits>
+
 namespace pg_throttle::pg {
 namespace {
 
@@ -18,7 +20,12 @@ core::OwnerCount* role_counts = nullptr;
 core::OwnerCount* database_counts = nullptr;
 LWLock* counts_lock = nullptr;
 
+// 100%: no quota at all (the registry's own capacity is the limit, and a
+// call beyond it is told the registry is full).
 int64 limit_of(int percent) {
+    if (percent >= 100) {
+        return std::numeric_limits<int64>::max();
+    }
     return std::max<int64>(1, max_entries_seen * percent / 100);
 }
 

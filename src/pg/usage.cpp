@@ -6,6 +6,8 @@
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
 
+#include <limits>
+
 namespace pg_throttle::pg {
 namespace {
 
@@ -45,7 +47,9 @@ Datum registry_usage(FunctionCallInfo fcinfo) {
         values[0] = CStringGetTextDatum(row.is_role ? "role" : "database");
         values[2] = Int64GetDatum(row.entries);
         // The quota as it applies to the calling session's settings.
-        values[3] = Int64GetDatum(row.is_role ? role_limit : database_limit);
+        const int64 limit = row.is_role ? role_limit : database_limit;
+        values[3] = Int64GetDatum(limit);
+        nulls[3] = limit == std::numeric_limits<int64>::max();  // 100%: no quota
         tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
     }
     pfree(rows);

@@ -112,14 +112,14 @@ RETURNS boolean
 AS 'MODULE_PATHNAME', 'pg_throttle_unlock'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION throttle.unlock(text, bigint) IS
-    'Releases the lock if token is its current fence token (the next waiter gets it); false for a stale token or a lock not held.';
+    'Releases the lock if token is its current fence token (the next waiter gets it); false for a stale token or a lock not held. Only the role holding the lock, a member of it or a superuser may (42501), and for a session lock only its own session.';
 
 CREATE FUNCTION throttle.renew(name text, token bigint, ttl interval)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'pg_throttle_renew'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION throttle.renew(text, bigint, interval) IS
-    'Extends a lease held with token to expire ttl from now; false if the token is no longer current.';
+    'Extends a lease held with token to expire ttl from now; false if the token is no longer current. Only the role holding the lease, a member of it or a superuser may (42501).';
 
 --
 -- Operator controls.
@@ -187,5 +187,5 @@ CREATE VIEW throttle.usage AS
                AS percent_of_registry
     FROM throttle.registry_usage();
 COMMENT ON VIEW throttle.usage IS
-    'One row per role (scope ''role'') and per database (scope ''database'') holding registry entries, server-wide: how many, the quota that applies (pg_throttle.role_quota or pg_throttle.database_quota, in entries, by the viewing session''s settings) and the share of pg_throttle.max_entries used.';
+    'One row per role (scope ''role'') and per database (scope ''database'') holding registry entries, server-wide: how many, the quota that applies (pg_throttle.role_quota or pg_throttle.database_quota, in entries, by the viewing session''s settings; NULL at 100: no quota) and the share of pg_throttle.max_entries used.';
 GRANT SELECT ON throttle.usage TO PUBLIC;
