@@ -42,11 +42,16 @@ struct RegistryShared {
     // Started as a standby (or from a backup): the first call after the
     // promotion forgets the standby's resources and buckets (registry.hpp).
     bool awaiting_promotion;
+    // When a call refused by a quota last swept the registry (real clock):
+    // a role that keeps asking beyond its quota sweeps at most every
+    // kQuotaSweepEvery, not on every call.
+    core::Micros last_quota_sweep;
 };
 static_assert(std::is_trivially_copyable_v<RegistryShared>);
 RegistryShared* shared_state = nullptr;
 
 constexpr core::Micros kKnown = std::numeric_limits<core::Micros>::min();
+constexpr core::Micros kQuotaSweepEvery = 50'000;  // 50 ms
 
 // ilist.h's iteration macros assert types in a way C++ cannot compile: the
 // list is walked here, and an entry found from its link by its offset.
@@ -341,6 +346,7 @@ void registry_attach_shmem() {
             since = kKnown;
         }
         shared_state->awaiting_promotion = false;
+        shared_state->last_quota_sweep = 0;
     }
     registry =
         ShmemInitHash("pg_throttle registry", max_entries, max_entries, &info,
@@ -395,8 +401,19 @@ void registry_apply(const RegistryKey& key, const EntryOp& op, void* ctx) {
         return;
     }
     // Expired entries, of this role and database among them, make room.
-    reclaim_expired();
-    attempt = try_apply(key, hash, role, op, ctx);
+    // (Beyond a quota, at most one sweep per kQuotaSweepEvery.)
+    bool sweep = true;
+    if (attempt == Attempt::kRoleQuota || attempt == Attempt::kDatabaseQuota) {
+        const core::Micros now = GetCurrentTimestamp();
+        core::Micros last = __atomic_load_n(&shared_state->last_quota_sweep, __ATOMIC_RELAXED);
+        sweep = now - last >= kQuotaSweepEvery &&
+                __atomic_compare_exchange_n(&shared_state->last_quota_sweep, &last, now, false,
+                                            __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    }
+    if (sweep) {
+        reclaim_expired();
+        attempt = try_apply(key, hash, role, op, ctx);
+    }
     switch (attempt) {
         case Attempt::kDone:
             return;

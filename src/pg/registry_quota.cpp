@@ -7,7 +7,7 @@ namespace pg_throttle::pg {
 namespace {
 
 int role_quota_percent = 50;
-int database_quota_percent = 50;
+int database_quota_percent = 75;
 int64 max_entries_seen = 0;
 
 struct QuotaShared {
@@ -52,7 +52,7 @@ void quota_define_gucs() {
         "pg_throttle.database_quota",
         "Most registry entries one database may hold, in percent of pg_throttle.max_entries.",
         "A superuser may give a database more with ALTER DATABASE ... SET.",
-        &database_quota_percent, 50, 1, 100, PGC_SUSET, 0, nullptr, nullptr, nullptr);
+        &database_quota_percent, 75, 1, 100, PGC_SUSET, 0, nullptr, nullptr, nullptr);
 }
 
 Size quota_shmem_size(int max_entries) {
@@ -141,21 +141,28 @@ void quota_raise(QuotaCheck refused, Oid role, Oid db) {
 }
 
 int64 quota_usage(QuotaUsage* rows, int64 capacity) {
+    // In chunks, the lock released between them: entries are created (and
+    // the counts changed) under it while a partition lock is held, and a
+    // table holds 1.5 slots per registry entry.
+    constexpr uint32 kChunk = 4096;
     int64 count = 0;
-    LWLockAcquire(counts_lock, LW_SHARED);
     for (int table = 0; table < 2; table++) {
         const core::OwnerCount* counts = table == 0 ? role_counts : database_counts;
-        for (uint32 i = 0; i < shared->capacity; i++) {
-            if (counts[i].owner == 0) {
-                continue;
+        for (uint32 start = 0; start < shared->capacity; start += kChunk) {
+            const uint32 end = std::min(shared->capacity, start + kChunk);
+            LWLockAcquire(counts_lock, LW_SHARED);
+            for (uint32 i = start; i < end; i++) {
+                if (counts[i].owner == 0) {
+                    continue;
+                }
+                if (count < capacity) {
+                    rows[count] = QuotaUsage{table == 0, counts[i].owner, counts[i].count};
+                }
+                count++;
             }
-            if (count < capacity) {
-                rows[count] = QuotaUsage{table == 0, counts[i].owner, counts[i].count};
-            }
-            count++;
+            LWLockRelease(counts_lock);
         }
     }
-    LWLockRelease(counts_lock);
     return count;
 }
 

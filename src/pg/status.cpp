@@ -22,13 +22,16 @@ struct StatusScan {
     ReturnSetInfo* rsinfo;
     core::Micros now;
     Oid viewer;
-    Oid last_owner;  // whether the viewer may see the tokens of the last owner asked about
+    // Whether the viewer may see the tokens of the last owner asked about.
+    bool cached;
+    Oid last_owner;
     bool last_owner_visible;
 };
 
 // Called outside the registry's locks (registry_scan): may look up catalogs.
 bool token_visible(StatusScan* scan, Oid owner) {
-    if (owner != scan->last_owner) {
+    if (!scan->cached || owner != scan->last_owner) {
+        scan->cached = true;
         scan->last_owner = owner;
         scan->last_owner_visible = OidIsValid(owner) ? has_privs_of_role(scan->viewer, owner)
                                                      : superuser_arg(scan->viewer);
@@ -95,8 +98,12 @@ void emit_status_row(const RegistryEntry& entry, void* ctx) {
 Datum registry_entries(FunctionCallInfo fcinfo) {
     registry_require();
     InitMaterializedSRF(fcinfo, 0);
-    StatusScan scan{reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo), clock_now(), GetUserId(),
-                    InvalidOid, false};
+    StatusScan scan{reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo),
+                    clock_now(),
+                    GetUserId(),
+                    false,
+                    InvalidOid,
+                    false};
     registry_scan(scan.now, emit_status_row, &scan);
     return static_cast<Datum>(0);
 }

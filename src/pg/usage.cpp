@@ -1,10 +1,18 @@
 // throttle.registry_usage(): the rows behind the throttle.usage view: how
 // many registry entries each role and each database holds, and its quota.
+// Like pg_stat_activity, other tenants' rows are for superusers and members
+// of pg_read_all_stats: others see the current database and the roles whose
+// privileges they have.
 #include "pg/registry.hpp"
 #include "pg/registry_quota.hpp"
 
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
+
+extern "C" {
+#include "catalog/pg_authid.h"
+#include "utils/acl.h"
+}
 
 #include <limits>
 
@@ -33,10 +41,16 @@ Datum registry_usage(FunctionCallInfo fcinfo) {
     }
     const int64 role_limit = quota_role_limit();
     const int64 database_limit = quota_database_limit();
+    const Oid viewer = GetUserId();
+    const bool sees_all = has_privs_of_role(viewer, ROLE_PG_READ_ALL_STATS);
     for (int64 i = 0; i < count; i++) {
         Datum values[kUsageColumns];
         bool nulls[kUsageColumns] = {};
         const QuotaUsage& row = rows[i];
+        if (!sees_all &&
+            (row.is_role ? !has_privs_of_role(viewer, row.owner) : row.owner != MyDatabaseId)) {
+            continue;
+        }
         if (row.is_role) {
             const char* role = GetUserNameFromId(row.owner, true);
             values[1] = role != nullptr ? CStringGetTextDatum(role) : (nulls[1] = true, 0);

@@ -112,14 +112,14 @@ RETURNS boolean
 AS 'MODULE_PATHNAME', 'pg_throttle_unlock'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION throttle.unlock(text, bigint) IS
-    'Releases the lock if token is its current fence token (the next waiter gets it); false for a stale token or a lock not held. Only the role holding the lock, a member of it or a superuser may (42501), and for a session lock only its own session.';
+    'Releases the lock if token is its current fence token (the next waiter gets it); false for a stale token or a lock not held, and likewise for another role (unless a member of the holding role or a superuser) or, for a session lock, another session.';
 
 CREATE FUNCTION throttle.renew(name text, token bigint, ttl interval)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'pg_throttle_renew'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION throttle.renew(text, bigint, interval) IS
-    'Extends a lease held with token to expire ttl from now; false if the token is no longer current. Only the role holding the lease, a member of it or a superuser may (42501).';
+    'Extends a lease held with token to expire ttl from now; false if the token is no longer current, and likewise for another role (unless a member of the holding role or a superuser).';
 
 --
 -- Operator controls.
@@ -179,7 +179,7 @@ RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'pg_throttle_registry_usage'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION throttle.registry_usage() IS
-    'How many registry entries each role and each database holds, server-wide; see the view throttle.usage.';
+    'How many registry entries each role and each database holds (all of them for superusers and pg_read_all_stats; else this database and the roles whose privileges the caller has); see the view throttle.usage.';
 
 CREATE VIEW throttle.usage AS
     SELECT scope, name, entries, quota,

@@ -142,12 +142,8 @@ def owners(tap, data_dir):
     pg_ctlcluster("restart", "-m", "fast")
     tap.is_(usage(), before, f"after a clean restart the role still holds its {before} entries")
     bob = as_role("rs_bob")
-    err = None
-    try:
-        one(bob, "SELECT throttle.renew('own.lease', %s, '20 seconds')", (lease,))
-    except psycopg2.Error as e:
-        err = e.pgcode
-    tap.is_(err, "42501", "another role still cannot renew the lease (42501)")
+    tap.is_(one(bob, "SELECT throttle.renew('own.lease', %s, '20 seconds')", (lease,))[0], False,
+            "another role still cannot renew the lease")
     alice = as_role("rs_alice")
     tap.ok(one(alice, "SELECT throttle.renew('own.lease', %s, '20 seconds')", (lease,))[0],
            "its owner can")
@@ -159,13 +155,9 @@ def owners(tap, data_dir):
         pass
     bob.close()
     bob = reconnect(user="rs_bob", password=PASSWORD)
-    err = None
-    try:
-        one(bob, "SELECT throttle.unlock('own.lease', %s)", (lease,))
-    except psycopg2.Error as e:
-        err = e.pgcode
-    tap.is_(err, "42501", "after a crash the lease restored from the journal is still the "
-                          "owner's: another role cannot unlock it")
+    tap.is_(one(bob, "SELECT throttle.unlock('own.lease', %s)", (lease,))[0], False,
+            "after a crash the lease restored from the journal is still the owner's: another "
+            "role cannot unlock it")
     tap.ok(one(alice, "SELECT throttle.unlock('own.lease', %s)", (lease,))[0],
            "and its owner can (twice: the second is false)")
     tap.ok(not one(alice, "SELECT throttle.unlock('own.lease', %s)", (lease,))[0],

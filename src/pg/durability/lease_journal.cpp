@@ -26,9 +26,10 @@ constexpr const char* kLogPrefix = "pg_throttle.lease_log.";
 constexpr const char* kLocksUnknownFile = "pg_throttle.locks_unknown";
 constexpr const char* kLocksUnknownTemp = "pg_throttle.locks_unknown.tmp";
 constexpr uint32 kLocksUnknownMagic = 0x50474c55;  // "PGLU"
-constexpr uint32 kRecordMagic = 0x50474c52;        // "PGLR"
+constexpr uint32 kRecordMagic = 0x50474c33;        // "PGL3": records with their owner
+constexpr uint32 kRecordMagicV2 = 0x50474c52;      // "PGLR": kLeaseRecordV2Bytes, no owner
 constexpr uint32 kSnapshotMagic = 0x50474c53;      // "PGLS"
-constexpr uint32 kFormatVersion = 3;               // 3: with the owner role
+constexpr uint32 kFormatVersion = 3;  // 3: records with their owner (2: without, still read)
 // A record is one aligned 512-byte block: a torn or never-written block is
 // recognised by its CRC, and the next record is found anyway.
 constexpr size_t kRecordBytes = 512;
@@ -116,8 +117,8 @@ void log_path(uint64 generation, char* path) {
     snprintf(path, MAXPGPATH, "%s" UINT64_FORMAT, kLogPrefix, generation);
 }
 
-pg_crc32c record_crc(const DiskRecord& disk) {
-    return crc32c_of(&disk.lease, sizeof disk.lease);
+pg_crc32c record_crc(const DiskRecord& disk, size_t lease_bytes) {
+    return crc32c_of(&disk.lease, lease_bytes);
 }
 
 void encode(const LeaseRecord& lease, char* block) {
@@ -126,7 +127,7 @@ void encode(const LeaseRecord& lease, char* block) {
     memset(&disk, 0, sizeof disk);
     disk.magic = kRecordMagic;
     disk.lease = lease;
-    disk.crc = record_crc(disk);
+    disk.crc = record_crc(disk, sizeof disk.lease);
     memcpy(block, &disk, sizeof disk);
 }
 
@@ -134,12 +135,13 @@ void encode(const LeaseRecord& lease, char* block) {
 bool decode(const char* block, LeaseRecord* lease) {
     DiskRecord disk;
     memcpy(&disk, block, sizeof disk);
-    if (disk.magic != kRecordMagic || !EQ_CRC32C(disk.crc, record_crc(disk)) ||
-        disk.lease.name_len == 0 || disk.lease.name_len > core::kMaxNameBytes) {
+    const size_t bytes = disk.magic == kRecordMagic     ? sizeof disk.lease
+                         : disk.magic == kRecordMagicV2 ? kLeaseRecordV2Bytes
+                                                        : 0;
+    if (bytes == 0 || !EQ_CRC32C(disk.crc, record_crc(disk, bytes))) {
         return false;
     }
-    *lease = disk.lease;
-    return true;
+    return lease_record_read(&disk.lease, bytes, lease);
 }
 
 pg_crc32c header_crc(const SnapshotHeader& header) {
@@ -386,7 +388,8 @@ void read_snapshot(StartupRead* read) {
     }
     SnapshotHeader header{};
     if (fread(&header, 1, sizeof header, file) != sizeof header || header.magic != kSnapshotMagic ||
-        header.format_version != kFormatVersion || !EQ_CRC32C(header.crc, header_crc(header))) {
+        (header.format_version != kFormatVersion && header.format_version != 2) ||
+        !EQ_CRC32C(header.crc, header_crc(header))) {
         ereport(WARNING, (errmsg("pg_throttle lease snapshot \"%s\" is damaged", kSnapshotFile)));
         read->complete = false;
         FreeFile(file);
@@ -508,6 +511,19 @@ void lease_journal_attach_shmem() {
         memset(journal, 0, sizeof *journal);
         SpinLockInit(&journal->mutex);
     }
+}
+
+bool lease_record_read(const void* data, size_t len, LeaseRecord* record) {
+    if (len != sizeof(LeaseRecord) && len != kLeaseRecordV2Bytes) {
+        return false;
+    }
+    memset(record, 0, sizeof *record);
+    memcpy(record, data, len);
+    if (len == kLeaseRecordV2Bytes) {
+        record->owner = InvalidOid;
+        record->reserved = 0;
+    }
+    return record->name_len > 0 && record->name_len <= core::kMaxNameBytes;
 }
 
 int64 lease_next_seq() {

@@ -45,12 +45,26 @@ struct LeaseRecord {
     int64 expires_at;  // real clock
     Oid dbid;
     int32 holder_pid;
-    Oid owner;  // the role holding the lease (RegistryEntry::owner)
     uint8 name_len;
     char name[core::kMaxNameBytes];
     char holder[core::kMaxHolderBytes + 1];
+    // Added after the first release, past its last byte: a record written
+    // before (kLeaseRecordV2Bytes long, in WAL and in the journal) reads as
+    // owner InvalidOid.
+    Oid owner;  // the role holding the lease (RegistryEntry::owner)
+    uint32 reserved;
 };
 static_assert(std::is_trivially_copyable_v<LeaseRecord>);
+// The size of a record before it had an owner; a record of this size is one.
+inline constexpr size_t kLeaseRecordV2Bytes = 312;
+static_assert(offsetof(LeaseRecord, owner) >=
+              offsetof(LeaseRecord, holder) + core::kMaxHolderBytes + 1);
+static_assert(sizeof(LeaseRecord) != kLeaseRecordV2Bytes);
+
+// A record read from `len` bytes (sizeof(LeaseRecord), or kLeaseRecordV2Bytes
+// for one written before owners); false for any other length or a name
+// length out of range.
+bool lease_record_read(const void* data, size_t len, LeaseRecord* record);
 
 // Whether changes of `entry` go to the journal: leases of throttle.lock.
 bool lease_is_journaled(const RegistryEntry& entry);

@@ -27,10 +27,9 @@ void redo(XLogReaderState* record) {
         int64 limit = 0;
         memcpy(&limit, XLogRecGetData(record), sizeof limit);
         fence_redo_limit(limit);
-    } else if (info == kLease && len == sizeof(LeaseRecord)) {
-        LeaseRecord lease;
-        memcpy(&lease, XLogRecGetData(record), sizeof lease);
-        lease_journal_redo(lease);
+    } else if (LeaseRecord lease;
+               info == kLease && lease_record_read(XLogRecGetData(record), len, &lease)) {
+        lease_journal_redo(lease);  // a record of before owners has none
     } else {
         elog(PANIC, "pg_throttle redo: unknown record (info %u, %u bytes)", info, len);
     }
@@ -42,9 +41,9 @@ void desc(StringInfo buf, XLogReaderState* record) {
         int64 limit = 0;
         memcpy(&limit, XLogRecGetData(record), sizeof limit);
         appendStringInfo(buf, "limit " INT64_FORMAT, limit);
-    } else if (info == kLease && XLogRecGetDataLen(record) == sizeof(LeaseRecord)) {
-        LeaseRecord lease;
-        memcpy(&lease, XLogRecGetData(record), sizeof lease);
+    } else if (LeaseRecord lease;
+               info == kLease &&
+               lease_record_read(XLogRecGetData(record), XLogRecGetDataLen(record), &lease)) {
         appendStringInfo(buf, "db %u name %.*s seq " INT64_FORMAT " token " INT64_FORMAT,
                          lease.dbid, static_cast<int>(lease.name_len), lease.name, lease.seq,
                          lease.token);

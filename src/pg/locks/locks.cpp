@@ -8,8 +8,6 @@
 #include "pg/durability/sync_standbys.hpp"
 #include "pg/locks/lock_waiters.hpp"
 
-#include <string_view>
-
 extern "C" {
 #include "access/xlog.h"
 #include "utils/acl.h"
@@ -158,6 +156,7 @@ struct LockCall {
     const Holder* holder;
     Oid role;
     int64 token;          // out: the grant, or 0
+    bool already_mine;    // out: refused because this session holds it as a session lock
     bool queued;          // out: this backend is now waiting
     bool tokens_used_up;  // out: free, but the durable block of tokens ran out
     LeaseRecord granted;  // out: the grant's record, when it is journaled
@@ -170,7 +169,8 @@ constexpr int64 kUnknownHolderToken = -1;
 // asked for since the restart counts as leased until the restart plus
 // pg_throttle.max_lease, by a holder nobody knows.
 void lock_born(RegistryEntry* entry, core::Micros restart, void* /*ctx*/) {
-    entry->owner = InvalidOid;
+    // Its owner stays the role whose call created it: that role's quota
+    // pays for it (nobody can unlock it: no token is negative).
     entry->of.lock.token = kUnknownHolderToken;
     entry->granted_at = restart;
     entry->expires_at = core::saturating_add(restart, registry_max_lease());
@@ -185,6 +185,7 @@ bool lock_decide_shared(RegistryEntry* entry, void* ctx) {
     if (call->may_wait && !own_session_lock(*entry)) {
         return false;  // queue up: needs the exclusive lock
     }
+    call->already_mine = own_session_lock(*entry);
     __atomic_fetch_add(&entry->denials, 1, __ATOMIC_RELAXED);
     return true;
 }
@@ -205,6 +206,7 @@ void lock_apply_exclusive(RegistryEntry* entry, void* ctx) {
         return;
     }
     if (!call->may_wait || own_session_lock(*entry)) {
+        call->already_mine = own_session_lock(*entry);
         __atomic_fetch_add(&entry->denials, 1, __ATOMIC_RELAXED);
         return;
     }
@@ -318,10 +320,9 @@ struct TokenCall {
     Oid may_act_as;  // an owner whose privileges the caller was found to have
     bool done;
     bool is_session_lock;
-    Oid refused_owner;    // out: the token is right, the lock another role's
-    int32 other_session;  // out: the token is right, the session lock another session's (pid)
-    bool journal;         // `record` is to be written
-    LeaseRecord record;   // a release (unlock, reset) or the renewed lease
+    Oid refused_owner;   // out: the token is right, the lock another role's
+    bool journal;        // `record` is to be written
+    LeaseRecord record;  // a release (unlock, reset) or the renewed lease
 };
 
 TokenCall token_call(const RegistryKey& key, int64 token, int64 ttl) {
@@ -345,8 +346,7 @@ bool holds_grant(const RegistryEntry& entry, TokenCall* call) {
         return true;
     }
     if (entry.of.lock.session && entry.holder_pid != MyProcPid) {
-        call->other_session = entry.holder_pid;
-        return false;
+        return false;  // another session's session lock
     }
     if (entry.owner != call->role && entry.owner != call->may_act_as && !call->superuser) {
         call->refused_owner = entry.owner;
@@ -366,10 +366,12 @@ void unlock_update(RegistryEntry* entry, void* ctx) {
 
 // Runs a token call (unlock, renew) on `key`; when the lock is another
 // role's, checks outside the registry's locks whether the caller has that
-// role's privileges and, if so, runs it once more as such; raises 42501 when
-// not, or when a session lock is another session's.
+// role's privileges and, if so, runs it once more as such. A caller without
+// them, or another session for a session lock, gets what a stale token
+// gets (nothing done, false): an answer that differed when the token was
+// right would let a role find other roles' tokens by trying numbers.
 void run_token_call(const RegistryKey& key, void (*update)(RegistryEntry* entry, void* ctx),
-                    TokenCall* call, const char* what) {
+                    TokenCall* call) {
     const TokenCall initial = *call;
     registry_update_existing(key, update, call);
     if (call->refused_owner != InvalidOid && has_privs_of_role(call->role, call->refused_owner)) {
@@ -377,26 +379,6 @@ void run_token_call(const RegistryKey& key, void (*update)(RegistryEntry* entry,
         again.may_act_as = call->refused_owner;
         *call = again;
         registry_update_existing(key, update, call);
-    }
-    const std::string_view name(key.name, key.name_len);
-    if (call->other_session != 0) {
-        ereport(ERROR,
-                (errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-                 errmsg("cannot %s lock \"%.*s\": it is a session lock of another session", what,
-                        static_cast<int>(name.size()), name.data()),
-                 errdetail("Only the session that took it (pid %d) can release it; it is released "
-                           "when that session ends.",
-                           call->other_session),
-                 errhint("An operator can end it with throttle.reset.")));
-    }
-    if (call->refused_owner != InvalidOid) {
-        const char* owner = GetUserNameFromId(call->refused_owner, true);
-        ereport(ERROR,
-                (errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-                 errmsg("permission denied to %s lock \"%.*s\"", what,
-                        static_cast<int>(name.size()), name.data()),
-                 errdetail("The lock is held by role \"%s\".", owner != nullptr ? owner : "?"),
-                 errhint("Only that role, a member of it or a superuser can %s it.", what)));
     }
 }
 
@@ -529,7 +511,7 @@ int64 lock_take(const RegistryKey& key, int64 ttl, core::Micros wait_us, const H
     LockCall call{};
     do {
         fence_reserve_ahead();
-        call = LockCall{now_for(key), ttl, wait_us > 0, &holder, role, 0, false, false, {}};
+        call = LockCall{now_for(key), ttl, wait_us > 0, &holder, role, 0, false, false, false, {}};
         registry_apply(key, kLockOp, &call);
     } while (call.tokens_used_up);
     int64 token = call.token;
@@ -538,6 +520,9 @@ int64 lock_take(const RegistryKey& key, int64 ttl, core::Micros wait_us, const H
         const WaitCheck handed = wait_in_queue(key, wait_us);
         token = handed.token;
         handed_over_record(key, handed, ttl, holder, &record);
+    }
+    if (token == 0 && ttl == 0 && !call.already_mine) {
+        forget_session_lock(key);  // not had: nothing to release at exit
     }
     if (token != 0 && ttl > 0 && static_cast<EntryKind>(key.kind) == EntryKind::kLock) {
         make_grant_durable(key, token, record);
@@ -549,7 +534,7 @@ bool lock_release(const RegistryKey& key, int64 token) {
     refuse_on_standby();
     fence_reserve_ahead();  // the lock may go to a waiter with a new token
     TokenCall call = token_call(key, token, 0);
-    run_token_call(key, unlock_update, &call, "unlock");
+    run_token_call(key, unlock_update, &call);
     if (call.journal) {
         write_release(call.record, true);
     }
@@ -562,7 +547,7 @@ bool lock_release(const RegistryKey& key, int64 token) {
 RenewResult lock_renew(const RegistryKey& key, int64 token, int64 ttl) {
     refuse_on_standby();
     TokenCall call = token_call(key, token, ttl);
-    run_token_call(key, renew_update, &call, "renew");
+    run_token_call(key, renew_update, &call);
     if (call.is_session_lock) {
         return RenewResult::kSessionLock;
     }
