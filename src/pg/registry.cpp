@@ -581,33 +581,39 @@ void registry_scan(core::Micros now, void (*visit)(const RegistryEntry& entry, v
                    void* ctx) {
     registry_notice_promotion();
     const core::Micros real_now = GetCurrentTimestamp();
-    // One partition's entries at a time: copied under its shared lock into
-    // memory allocated before it is taken, visited once it is released.
+    // One partition at a time: its entries of this database in force are
+    // counted under its shared lock, memory for them allocated with no lock
+    // held, then copied under the lock again (counted anew if they grew
+    // meanwhile) and visited once it is released. Memory follows what this
+    // database shows, not what the partition holds for every database.
     int64 capacity = 64;
     auto* copies = static_cast<RegistryEntry*>(palloc(capacity * sizeof(RegistryEntry)));
+    const auto matches = [&](const RegistryEntry& entry) {
+        return in_force(entry, MyDatabaseId, now, real_now);
+    };
     for (int i = 0; i < kPartitions; i++) {
         PartitionState& partition = partition_state(i);
         int64 copied = 0;
         for (;;) {
-            const int64 needed = __atomic_load_n(&partition.count, __ATOMIC_RELAXED);
-            if (needed > capacity) {
-                pfree(copies);
-                capacity = needed + needed / 4 + 16;
-                copies = static_cast<RegistryEntry*>(
-                    palloc_extended(capacity * sizeof(RegistryEntry), MCXT_ALLOC_HUGE));
-            }
+            int64 needed = 0;
             LWLockAcquire(partition_lock_at(i), LW_SHARED);
-            if (partition.count > capacity) {
-                LWLockRelease(partition_lock_at(i));
-                continue;  // it grew meanwhile
-            }
             for_each_entry(&partition.entries, [&](RegistryEntry* entry) {
-                if (in_force(*entry, MyDatabaseId, now, real_now)) {
-                    copies[copied++] = *entry;
+                if (matches(*entry)) {
+                    if (needed < capacity) {
+                        copies[needed] = *entry;
+                    }
+                    needed++;
                 }
             });
             LWLockRelease(partition_lock_at(i));
-            break;
+            if (needed <= capacity) {
+                copied = needed;
+                break;
+            }
+            pfree(copies);
+            capacity = needed + needed / 4 + 16;
+            copies = static_cast<RegistryEntry*>(
+                palloc_extended(capacity * sizeof(RegistryEntry), MCXT_ALLOC_HUGE));
         }
         for (int64 j = 0; j < copied; j++) {
             visit(copies[j], ctx);
