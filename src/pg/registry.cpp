@@ -23,7 +23,6 @@ LWLockPadded* partition_locks = nullptr;
 // One partition's own state, guarded by its lock.
 struct PartitionState {
     dlist_head entries;  // every entry of the partition
-    int64 count;         // how many
     // No entry of the partition expires before this instant, so a reclaim
     // before it would find nothing. Lowered (under the partition's exclusive
     // lock) whenever an entry gets an earlier expiry; set by a reclaim to the
@@ -160,14 +159,12 @@ void clear_state(RegistryEntry* entry) {
 // exclusive lock the caller holds, or the postmaster alone).
 void link_entry(PartitionState& partition, RegistryEntry* entry) {
     dlist_push_tail(&partition.entries, &entry->link);
-    partition.count++;
 }
 
 // Drops an entry: from its partition's list, its owner's and database's
 // counts and the hash table. The caller holds the partition's exclusive lock.
-void remove_entry(PartitionState& partition, RegistryEntry* entry) {
+void remove_entry(RegistryEntry* entry) {
     dlist_delete(&entry->link);
-    partition.count--;
     quota_uncharge(entry->owner, entry->key.dbid);
     hash_search(registry, &entry->key, HASH_REMOVE, nullptr);
 }
@@ -194,7 +191,7 @@ long reclaim_partition(int index, core::Micros now) {
         core::Micros earliest_survivor = core::kNever;
         for_each_entry(&partition.entries, [&](RegistryEntry* entry) {
             if (registry_reclaimable(*entry, now)) {
-                remove_entry(partition, entry);
+                remove_entry(entry);
                 reclaimed++;
             } else if (entry->expires_at < earliest_survivor) {
                 earliest_survivor = entry->expires_at;
@@ -223,6 +220,15 @@ std::optional<core::Micros> unknown_since_of(uint8 kind) {
         return std::nullopt;
     }
     return since;
+}
+
+// 53200, with a hint naming pg_throttle.max_entries.
+[[noreturn]] void raise_full() {
+    ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY),  // 53200, as "out of shared memory"
+                    errmsg("pg_throttle registry is full"),
+                    errdetail("All %d entries are in force; none can be reclaimed.", max_entries),
+                    errhint("Increase pg_throttle.max_entries and restart the server.")));
+    pg_unreachable();
 }
 
 enum class Attempt { kDone, kFull, kRoleQuota, kDatabaseQuota };
@@ -339,7 +345,6 @@ void registry_attach_shmem() {
     if (!found) {
         for (PartitionState& partition : shared_state->partitions) {
             dlist_init(&partition.entries);
-            partition.count = 0;
             partition.reclaim_not_before = core::kNever;
         }
         for (core::Micros& since : shared_state->unknown_since) {
@@ -418,7 +423,7 @@ void registry_apply(const RegistryKey& key, const EntryOp& op, void* ctx) {
         case Attempt::kDone:
             return;
         case Attempt::kFull:
-            registry_raise_full();
+            raise_full();
         case Attempt::kRoleQuota:
             quota_raise(QuotaCheck::kRoleQuota, role, key.dbid);
         case Attempt::kDatabaseQuota:
@@ -519,7 +524,7 @@ bool registry_remove(const RegistryKey& key) {
     if (entry == nullptr) {
         return false;
     }
-    remove_entry(partition_state(partition_of(hash)), entry);
+    remove_entry(entry);
     return true;
 }
 
@@ -541,14 +546,6 @@ LWLock* registry_waiters_lock() {
 
 LWLock* registry_partition_lock(const RegistryKey& key) {
     return partition_lock(get_hash_value(registry, &key));
-}
-
-void registry_raise_full() {
-    ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY),  // 53200, as "out of shared memory"
-                    errmsg("pg_throttle registry is full"),
-                    errdetail("All %d entries are in force; none can be reclaimed.", max_entries),
-                    errhint("Increase pg_throttle.max_entries and restart the server.")));
-    pg_unreachable();
 }
 
 namespace {
@@ -582,9 +579,9 @@ void registry_scan(core::Micros now, void (*visit)(const RegistryEntry& entry, v
     registry_notice_promotion();
     const core::Micros real_now = GetCurrentTimestamp();
     // One partition at a time: its entries of this database in force are
-    // counted under its shared lock, memory for them allocated with no lock
-    // held, then copied under the lock again (counted anew if they grew
-    // meanwhile) and visited once it is released. Memory follows what this
+    // copied under its shared lock into memory allocated with no lock held
+    // (when they do not fit, counted meanwhile, the copy is made again into
+    // more) and visited once it is released. Memory follows what this
     // database shows, not what the partition holds for every database.
     int64 capacity = 64;
     auto* copies = static_cast<RegistryEntry*>(palloc(capacity * sizeof(RegistryEntry)));
@@ -656,7 +653,7 @@ void registry_notice_promotion() {
             for_each_entry(&partition.entries, [&](RegistryEntry* entry) {
                 const auto kind = static_cast<EntryKind>(entry->key.kind);
                 if (kind == EntryKind::kResource || kind == EntryKind::kBucket) {
-                    remove_entry(partition, entry);
+                    remove_entry(entry);
                 }
             });
         }

@@ -171,9 +171,6 @@ int64 registry_entry_count();
 // Drops the entry of `key` if there is one; returns whether there was.
 bool registry_remove(const RegistryKey& key);
 
-// Raises SQLSTATE 53200 with a hint naming pg_throttle.max_entries.
-[[noreturn]] void registry_raise_full();
-
 // Calls `visit` for each entry of the current database still in force at
 // `now` (throttle.lock's locks: in real time). Each partition's entries are
 // copied under its shared lock and visited after it is released: `visit`

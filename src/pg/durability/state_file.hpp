@@ -1,7 +1,6 @@
-// The registry file format, shared by the shutdown dump (pg_throttle.state)
-// (pg_throttle.state): a header with a magic number, a format version, the
-// entry size, the count, the fence counter, the time it was taken and the
-// crash rules in force; the entries; a CRC-32C of all of it.
+// The format of the registry's shutdown dump (pg_throttle.state): a header with a magic number, a
+// format version, the entry size, the count, the fence counter, the time it was taken and the crash
+// rules in force; the entries; a CRC-32C of all of it.
 #pragma once
 
 // registry.hpp brings in src/core: before any PostgreSQL header.
