@@ -33,8 +33,9 @@ bool token_visible(StatusScan* scan, Oid owner) {
     if (!scan->cached || owner != scan->last_owner) {
         scan->cached = true;
         scan->last_owner = owner;
-        scan->last_owner_visible = OidIsValid(owner) ? has_privs_of_role(scan->viewer, owner)
-                                                     : superuser_arg(scan->viewer);
+        // The rule unlock and renew apply (locks.cpp): the owner, its
+        // members, superusers; an owner not known, superusers only.
+        scan->last_owner_visible = has_privs_of_role(scan->viewer, owner);
     }
     return scan->last_owner_visible;
 }

@@ -18,7 +18,8 @@ promise go:
   postmaster kill (redo does not bring back the grant);
 - owners survive: after a clean restart and a crash a lease still belongs to
   the role that took it (only it may renew or unlock it), and each role's
-  count of entries (its quota) is what it was.
+  count of entries (its quota) is what it was; a journal written before
+  leases had owners is still read, its leases owned by nobody known.
 
 Restarts the cluster this suite runs against, so it runs on a cluster of its own
 (pg_throttle.max_lease = 30 s).
@@ -26,6 +27,7 @@ Restarts the cluster this suite runs against, so it runs on a cluster of its own
 import datetime
 import glob
 import os
+import struct
 import sys
 import time
 
@@ -164,6 +166,54 @@ def owners(tap, data_dir):
            "the second unlock finds it released")
     alice.close()
     bob.close()
+
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+
+
+PG_EPOCH_US = 946_684_800 * 1_000_000  # 2000-01-01 on the Unix clock, in microseconds
+
+
+def record_before_owners(tap, data_dir):
+    """A lease journal written before leases had owners (records of 312
+    bytes, magic "PGLR") is still read: its lease comes back, owned by nobody
+    known, so that only a superuser may release it."""
+    admin = connect()
+    dbid = one(admin, "SELECT oid FROM pg_database WHERE datname = current_database()")[0]
+    token = one(admin, "SELECT throttle.lock('v2.probe')")[0] + 1000
+    admin.close()
+    pg_ctlcluster("stop", "-m", "fast")
+    now_us = int(time.time() * 1_000_000) - PG_EPOCH_US
+    name = b"v2.lease"
+    lease = struct.pack("<qqqqIiB200s64s", 1 << 50, token, now_us, now_us + 60_000_000, dbid,
+                        4242, len(name), name, b"an older pg_throttle")
+    lease += b"\0" * (312 - len(lease))
+    block = struct.pack("<II", 0x50474C52, crc32c(lease)) + lease
+    block += b"\0" * (512 - len(block))
+    logs = sorted(glob.glob(os.path.join(data_dir, "pg_throttle.lease_log.*")),
+                  key=lambda p: int(p.rsplit(".", 1)[1]))
+    with open(logs[-1], "r+b") as f:
+        f.seek(0, os.SEEK_END)
+        f.write(b"\0" * (-f.tell() % 512) + block)
+    pg_ctlcluster("start")
+    admin = reconnect()
+    tap.is_(one(admin, "SELECT owner, token FROM throttle.locks WHERE name = 'v2.lease'"),
+            (None, token), "a record of before owners is read: its lease is back, owner not known")
+    alice = as_role("rs_alice")
+    tap.is_(one(alice, "SELECT token FROM throttle.locks WHERE name = 'v2.lease'")[0], None,
+            "an ordinary role does not see its token")
+    tap.is_(one(alice, "SELECT throttle.unlock('v2.lease', %s)", (token,))[0], False,
+            "nor can it release it, even with the token")
+    tap.ok(one(admin, "SELECT throttle.unlock('v2.lease', %s)", (token,))[0],
+           "a superuser can")
+    alice.close()
+    admin.close()
 
 
 def stale_state_file(tap, data_dir):
@@ -406,7 +456,7 @@ def damaged_record(tap, data_dir):
 
 
 def main():
-    tap = Tap(52)
+    tap = Tap(56)
     conn = connect()
     one(conn, "CREATE EXTENSION IF NOT EXISTS pg_throttle; SELECT 1")
     data_dir = one(conn, "SHOW data_directory")[0]
@@ -422,6 +472,7 @@ def main():
     clean_restarts(tap, data_dir)
     stale_state_file(tap, data_dir)
     owners(tap, data_dir)
+    record_before_owners(tap, data_dir)
     crash_then_clean_restarts(tap, data_dir)
     release_before_crash(tap, data_dir)
     many_generations(tap, data_dir)

@@ -182,10 +182,10 @@ bool lock_decide_shared(RegistryEntry* entry, void* ctx) {
     if (!held(*entry, call->now)) {
         return false;
     }
-    if (call->may_wait && !own_session_lock(*entry)) {
+    call->already_mine = own_session_lock(*entry);
+    if (call->may_wait && !call->already_mine) {
         return false;  // queue up: needs the exclusive lock
     }
-    call->already_mine = own_session_lock(*entry);
     __atomic_fetch_add(&entry->denials, 1, __ATOMIC_RELAXED);
     return true;
 }
@@ -205,8 +205,8 @@ void lock_apply_exclusive(RegistryEntry* entry, void* ctx) {
         }
         return;
     }
-    if (!call->may_wait || own_session_lock(*entry)) {
-        call->already_mine = own_session_lock(*entry);
+    call->already_mine = own_session_lock(*entry);
+    if (!call->may_wait || call->already_mine) {
         __atomic_fetch_add(&entry->denials, 1, __ATOMIC_RELAXED);
         return;
     }
@@ -315,12 +315,13 @@ struct TokenCall {
     // lock, a member of it or a superuser, and for a session lock only its
     // session. (Queue groups are checked by the queue.)
     bool check_owner;
-    Oid role;  // the caller
-    bool superuser;
-    Oid may_act_as;  // an owner whose privileges the caller was found to have
+    Oid role;         // the caller
+    bool vouched;     // the caller was found to have the privileges of:
+    Oid vouched_for;  //   this owner (has_privs_of_role: members, superusers)
     bool done;
     bool is_session_lock;
-    Oid refused_owner;   // out: the token is right, the lock another role's
+    bool refused;        // out: the token is right, the lock another role's:
+    Oid refused_owner;   //   this one's (InvalidOid: owner not known)
     bool journal;        // `record` is to be written
     LeaseRecord record;  // a release (unlock, reset) or the renewed lease
 };
@@ -332,7 +333,6 @@ TokenCall token_call(const RegistryKey& key, int64 token, int64 ttl) {
     call.ttl = ttl;
     call.check_owner = static_cast<EntryKind>(key.kind) == EntryKind::kLock;
     call.role = GetUserId();
-    call.superuser = superuser();
     return call;
 }
 
@@ -348,11 +348,12 @@ bool holds_grant(const RegistryEntry& entry, TokenCall* call) {
     if (entry.of.lock.session && entry.holder_pid != MyProcPid) {
         return false;  // another session's session lock
     }
-    if (entry.owner != call->role && entry.owner != call->may_act_as && !call->superuser) {
-        call->refused_owner = entry.owner;
-        return false;
+    if (entry.owner == call->role || (call->vouched && entry.owner == call->vouched_for)) {
+        return true;
     }
-    return true;
+    call->refused = true;
+    call->refused_owner = entry.owner;
+    return false;
 }
 
 void unlock_update(RegistryEntry* entry, void* ctx) {
@@ -374,9 +375,10 @@ void run_token_call(const RegistryKey& key, void (*update)(RegistryEntry* entry,
                     TokenCall* call) {
     const TokenCall initial = *call;
     registry_update_existing(key, update, call);
-    if (call->refused_owner != InvalidOid && has_privs_of_role(call->role, call->refused_owner)) {
+    if (call->refused && has_privs_of_role(call->role, call->refused_owner)) {
         TokenCall again = initial;
-        again.may_act_as = call->refused_owner;
+        again.vouched = true;
+        again.vouched_for = call->refused_owner;
         *call = again;
         registry_update_existing(key, update, call);
     }
@@ -418,7 +420,7 @@ void make_grant_durable(const RegistryKey& key, int64 token, const LeaseRecord& 
 
 // The record of a lease handed to this backend while it waited.
 void handed_over_record(const RegistryKey& key, const WaitCheck& check, int64 ttl,
-                        const Holder& holder, LeaseRecord* record) {
+                        const Holder& holder, Oid role, LeaseRecord* record) {
     memset(record, 0, sizeof *record);
     record->seq = check.seq;
     record->token = check.token;
@@ -426,7 +428,7 @@ void handed_over_record(const RegistryKey& key, const WaitCheck& check, int64 tt
     record->expires_at = core::saturating_add(check.at, ttl);
     record->dbid = key.dbid;
     record->holder_pid = MyProcPid;
-    record->owner = registry_caller_role(static_cast<EntryKind>(key.kind));
+    record->owner = role;
     record->name_len = key.name_len;
     memcpy(record->name, key.name, key.name_len);
     memcpy(record->holder, holder.text, sizeof record->holder);
@@ -519,7 +521,7 @@ int64 lock_take(const RegistryKey& key, int64 ttl, core::Micros wait_us, const H
     if (call.queued) {
         const WaitCheck handed = wait_in_queue(key, wait_us);
         token = handed.token;
-        handed_over_record(key, handed, ttl, holder, &record);
+        handed_over_record(key, handed, ttl, holder, role, &record);
     }
     if (token == 0 && ttl == 0 && !call.already_mine) {
         forget_session_lock(key);  // not had: nothing to release at exit
