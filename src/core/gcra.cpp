@@ -42,14 +42,19 @@ std::optional<Micros> gcra_give_back(Micros current, Micros reserved, const Buck
 GcraDecision gcra_reserve(std::optional<Micros> tat, Micros now, const BucketShape& shape,
                           std::int64_t cost, Micros max_wait) noexcept {
     const Micros base = tat.has_value() ? std::max(*tat, now) : now;
-    // cost <= burst, so cost * T <= tau: no overflow.
-    const Micros next = saturating_add(base, cost * shape.emission);
+    const Micros unchanged = tat.has_value() ? *tat : now;
+    // A peek answers for one unit and takes nothing: a request of 0 always
+    // passes, which says nothing about the bucket.
+    const bool peek = cost == 0;
+    const std::int64_t asked = peek ? 1 : cost;
+    // asked <= burst, so asked * T <= tau: no overflow.
+    const Micros next = saturating_add(base, asked * shape.emission);
     const Micros allowed_at = saturating_add(next, -shape.tolerance);
     const Micros wait = allowed_at > now ? allowed_at - now : 0;
     const bool allowed = wait <= max_wait;
     GcraDecision d{};
     d.allowed = allowed;
-    d.tat = allowed ? next : (tat.has_value() ? *tat : now);
+    d.tat = (allowed && !peek) ? next : unchanged;
     d.remaining = gcra_remaining(d.tat, now, shape);
     d.retry_after = (allowed && wait == 0) ? 0 : wait;
     d.reset_after = std::max(d.tat, now) - now;

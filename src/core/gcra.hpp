@@ -47,7 +47,9 @@ struct GcraDecision {
 };
 
 // Decides a request of `cost` (0 .. burst) at `now`. `tat` is empty for an
-// absent bucket. cost 0 peeks: it is allowed and changes nothing.
+// absent bucket. cost 0 peeks: it changes nothing, and answers for a request
+// of one unit (allowed when one unit is available now, retry_after the wait
+// until one is), with remaining and reset_after of the bucket as it is.
 GcraDecision gcra_decide(std::optional<Micros> tat, Micros now, const BucketShape& shape,
                          std::int64_t cost) noexcept;
 
@@ -55,7 +57,8 @@ GcraDecision gcra_decide(std::optional<Micros> tat, Micros now, const BucketShap
 // `max_wait` (>= 0): TAT advances at once and the caller must wait until
 // allowed_at, so waiters are served in the order they reserved. `allowed`
 // then means "reserved"; retry_after is the wait (0 when it passes now).
-// gcra_decide is gcra_reserve with max_wait = 0.
+// gcra_decide is gcra_reserve with max_wait = 0. A peek (cost 0) reserves
+// nothing: `allowed` then means one unit is available within `max_wait`.
 GcraDecision gcra_reserve(std::optional<Micros> tat, Micros now, const BucketShape& shape,
                           std::int64_t cost, Micros max_wait) noexcept;
 

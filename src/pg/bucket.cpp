@@ -163,14 +163,15 @@ void bucket_request_from_arguments(FunctionCallInfo fcinfo, BucketRequest* reque
     bucket_key(PG_GETARG_TEXT_PP(0), request);
 }
 
-void bucket_request_from_declaration(FunctionCallInfo fcinfo, BucketRequest* request) {
+void bucket_request_from_declaration(FunctionCallInfo fcinfo, int cost_arg,
+                                     BucketRequest* request) {
     require_not_null(fcinfo, 0, "key");
-    require_not_null(fcinfo, 1, "cost");
+    require_not_null(fcinfo, cost_arg, "cost");
     const text* key = PG_GETARG_TEXT_PP(0);
     bucket_key(key, request);  // checks the name before looking it up
     const DeclaredBucket declared = declared_bucket(key);
     fill_shape(declared.rate, &declared.per, declared.burst_is_null, declared.burst,
-               PG_GETARG_INT32(1), request);
+               PG_GETARG_INT32(cost_arg), request);
 }
 
 core::GcraDecision bucket_reserve(const BucketRequest& request, core::Micros now,

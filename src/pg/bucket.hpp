@@ -20,9 +20,9 @@ struct BucketRequest {
 // means rate. Raises 22004 for other NULLs, 22023 for values out of range.
 void bucket_request_from_arguments(FunctionCallInfo fcinfo, BucketRequest* request);
 
-// From (key, cost) at positions 0..1, with the shape declared in
-// throttle.bucket for the key (42704 when there is none).
-void bucket_request_from_declaration(FunctionCallInfo fcinfo, BucketRequest* request);
+// From the key at position 0 and the cost at `cost_arg`, with the shape
+// declared in throttle.bucket for the key (42704 when there is none).
+void bucket_request_from_declaration(FunctionCallInfo fcinfo, int cost_arg, BucketRequest* request);
 
 // Decides `request` at `now`, reserving it when it passes within `max_wait`
 // (0: only when it passes now). Raises 53200 when the registry is full.

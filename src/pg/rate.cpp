@@ -51,7 +51,7 @@ Datum take(FunctionCallInfo fcinfo) {
 Datum take_declared(FunctionCallInfo fcinfo) {
     registry_require();
     BucketRequest request;
-    bucket_request_from_declaration(fcinfo, &request);
+    bucket_request_from_declaration(fcinfo, 1, &request);
     return take_result(fcinfo, decide_now(request));
 }
 
@@ -65,7 +65,7 @@ Datum allow(FunctionCallInfo fcinfo) {
 Datum allow_declared(FunctionCallInfo fcinfo) {
     registry_require();
     BucketRequest request;
-    bucket_request_from_declaration(fcinfo, &request);
+    bucket_request_from_declaration(fcinfo, 1, &request);
     PG_RETURN_BOOL(decide_now(request).allowed);
 }
 

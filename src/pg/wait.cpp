@@ -45,22 +45,38 @@ void sleep_or_give_back(const BucketRequest& request, core::Micros reserved_tat,
     PG_END_TRY();
 }
 
-Datum wait(FunctionCallInfo fcinfo) {
-    registry_require();
-    BucketRequest request;
-    bucket_request_from_arguments(fcinfo, &request);
-    const core::Micros max_wait = optional_wait(fcinfo, 5, "timeout");
+// Reserves `request` and sleeps until it passes; false at once, with nothing
+// reserved, when that would take longer than `max_wait`. A peek (cost 0)
+// reserves nothing: it sleeps until one unit is available and takes none.
+bool wait_for(const BucketRequest& request, core::Micros max_wait) {
     const core::GcraDecision decision = bucket_reserve(request, clock_now(), max_wait);
     if (!decision.allowed) {
-        PG_RETURN_BOOL(false);  // the wait would exceed the timeout: nothing reserved
+        return false;  // the wait would exceed the timeout: nothing reserved
     }
     if (decision.retry_after > 0) {
         sleep_or_give_back(request, decision.tat, decision.retry_after);
     }
-    PG_RETURN_BOOL(true);
+    return true;
+}
+
+// throttle.wait(key, rate, per, burst, cost, timeout)
+Datum wait(FunctionCallInfo fcinfo) {
+    registry_require();
+    BucketRequest request;
+    bucket_request_from_arguments(fcinfo, &request);
+    PG_RETURN_BOOL(wait_for(request, optional_wait(fcinfo, 5, "timeout")));
+}
+
+// throttle.wait(key, timeout, cost): the shape declared in throttle.bucket.
+Datum wait_declared(FunctionCallInfo fcinfo) {
+    registry_require();
+    BucketRequest request;
+    bucket_request_from_declaration(fcinfo, 2, &request);
+    PG_RETURN_BOOL(wait_for(request, optional_wait(fcinfo, 1, "timeout")));
 }
 
 }  // namespace
 }  // namespace pg_throttle::pg
 
 PG_THROTTLE_SQL_FUNCTION(pg_throttle_wait, pg_throttle::pg::wait)
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_wait_declared, pg_throttle::pg::wait_declared)

@@ -45,7 +45,7 @@ CREATE TABLE throttle.bucket (
     comment text
 );
 COMMENT ON TABLE throttle.bucket IS
-    'Token buckets declared by name: throttle.take(name) and throttle.allow(name) use rate, per and burst from here. A change applies from the next call, without resetting the bucket''s level.';
+    'Token buckets declared by name: throttle.take(name), throttle.allow(name) and throttle.wait(name) use rate, per and burst from here. A change applies from the next call, without resetting the bucket''s level.';
 COMMENT ON COLUMN throttle.bucket.name IS 'The bucket key, as passed to throttle.take (at most 200 bytes).';
 COMMENT ON COLUMN throttle.bucket.rate IS 'Units that refill per "per".';
 COMMENT ON COLUMN throttle.bucket.per IS 'The refill period.';
@@ -62,7 +62,7 @@ RETURNS record
 AS 'MODULE_PATHNAME', 'pg_throttle_take'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION throttle.take(text, integer, interval, integer, integer) IS
-    'Takes cost units from the token bucket "key" (capacity burst, default rate; refilling rate per per). Returns one row: allowed, units remaining, retry_after (exact wait until the same request passes), reset_after (until the bucket is full).';
+    'Takes cost units from the token bucket "key" (capacity burst, default rate; refilling rate per per). Returns one row: allowed, units remaining, retry_after (exact wait until the same request passes), reset_after (until the bucket is full). cost 0 peeks: it takes nothing, and allowed and retry_after answer for one unit.';
 
 CREATE FUNCTION throttle.take(key text, cost integer DEFAULT 1,
                               OUT allowed boolean, OUT remaining integer,
@@ -95,6 +95,15 @@ AS 'MODULE_PATHNAME', 'pg_throttle_wait'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION throttle.wait(text, integer, interval, integer, integer, interval) IS
     'Blocks until the request is allowed, then returns true; returns false at once when the wait would exceed timeout (NULL: no limit). Waiters of one key pass in arrival order.';
+
+-- timeout before cost: (key, integer, interval) then stays the form above
+-- alone, and no positional call can match both.
+CREATE FUNCTION throttle.wait(key text, timeout interval DEFAULT NULL, cost integer DEFAULT 1)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'pg_throttle_wait_declared'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle.wait(text, interval, integer) IS
+    'throttle.wait with rate, per and burst declared for key in throttle.bucket: throttle.wait(''mail-provider'', timeout => ''30 seconds'', cost => 2).';
 
 --
 -- Locks and leases with fence tokens.

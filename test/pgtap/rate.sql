@@ -1,7 +1,7 @@
 -- throttle.take / allow / wait: signatures, the GCRA formulas against a
 -- reference model, error codes. On the test clock.
 BEGIN;
-SELECT plan(37);
+SELECT plan(53);
 
 SELECT has_table('throttle', 'bucket', 'catalog table throttle.bucket');
 SELECT col_is_pk('throttle', 'bucket', 'name', 'bucket name is the primary key');
@@ -13,6 +13,7 @@ SELECT has_function('throttle', 'wait',
     ARRAY['text', 'integer', 'interval', 'integer', 'integer', 'interval']);
 SELECT function_returns('throttle', 'allow', ARRAY['text', 'integer', 'interval', 'integer', 'integer'], 'boolean');
 SELECT function_returns('throttle', 'wait', ARRAY['text', 'integer', 'interval', 'integer', 'integer', 'interval'], 'boolean');
+SELECT has_function('throttle', 'wait', ARRAY['text', 'interval', 'integer'], 'declared wait: wait(key, timeout, cost)');
 
 -- The reference model: the issue's formulas in exact numeric arithmetic.
 CREATE TEMP TABLE model (key text PRIMARY KEY, tat numeric);
@@ -26,10 +27,11 @@ DECLARE
     tau numeric := burst * t;
     tat numeric := (SELECT m.tat FROM model m WHERE m.key = k);
     base numeric := greatest(coalesce(tat, now_us), now_us);
-    new numeric := base + cost * t;
+    -- A peek (cost 0) answers for one unit and takes nothing.
+    new numeric := base + greatest(cost, 1) * t;
 BEGIN
     allowed := new - tau <= now_us;
-    IF allowed THEN
+    IF allowed AND cost > 0 THEN
         tat := new;
         INSERT INTO model VALUES (k, tat) ON CONFLICT (key) DO UPDATE SET tat = excluded.tat;
     END IF;
@@ -86,7 +88,9 @@ SELECT is(pg_temp.disagreements('tap.r4', 1, '1 day', 5, 500, 0.4), 0,
 -- Boundaries.
 SET LOCAL pg_throttle.test_clock = '2034-01-01 00:00:00+00';
 SELECT is((SELECT remaining FROM throttle.take('tap.b', 10, '1 second', 4, 4)), 0, 'cost = burst empties a full bucket');
-SELECT ok((SELECT allowed FROM throttle.take('tap.b', 10, '1 second', 4, 0)), 'cost 0 on an empty bucket is allowed');
+SELECT ok(NOT (SELECT allowed FROM throttle.take('tap.b', 10, '1 second', 4, 0)), 'a peek (cost 0) of an empty bucket is not allowed');
+SELECT is((SELECT retry_after FROM throttle.take('tap.b', 10, '1 second', 4, 0)), interval '0.1 s',
+    'a peek of an empty bucket: retry_after until one unit is back');
 SELECT is((SELECT remaining FROM throttle.take('tap.b', 10, '1 second', 4, 0)), 0, 'and consumes nothing');
 SELECT is((SELECT retry_after FROM throttle.take('tap.b', 10, '1 second', 4, 1)), interval '0.1 s',
     'retry_after is the exact wait');
@@ -114,6 +118,28 @@ SELECT throws_ok($$SELECT * FROM throttle.take('tap.e', 2000000, '1 s')$$, '2202
 SELECT throws_ok($$SELECT * FROM throttle.take('tap.undeclared')$$, '42704', 'bucket "tap.undeclared" is not declared', 'undeclared: 42704');
 SELECT throws_ok($$SELECT throttle.wait('tap.e', 1, '1 s', 1, 1, '-1 s')$$, '22023', 'timeout must not be negative', 'negative timeout: 22023');
 SELECT throws_ok($$SELECT throttle.wait('tap.e', 1, '1 s', 1, 2)$$, '22023', 'cost must not exceed burst', 'wait cost > burst: 22023');
+
+-- A peek answers for one unit, and takes nothing however often it is made.
+SET LOCAL pg_throttle.test_clock = '2034-06-01 00:00:00+00';
+SELECT ok((SELECT allowed FROM throttle.take('tap.peek', 2, '1 second', 2, 0)), 'a peek of a full bucket is allowed');
+SELECT ok(throttle.allow('tap.peek', 2, '1 second', 2, 1), 'one unit taken');
+SELECT ok((SELECT allowed AND remaining = 1 FROM throttle.take('tap.peek', 2, '1 second', 2, 0)),
+    'one unit left: a peek is allowed, remaining 1');
+SELECT ok(throttle.allow('tap.peek', 2, '1 second', 2, 0), 'allow with cost 0 answers the same');
+SELECT ok(throttle.allow('tap.peek', 2, '1 second', 2, 1), 'the peeks took nothing: the last unit passes');
+SELECT ok(NOT throttle.allow('tap.peek', 2, '1 second', 2, 0), 'empty: allow with cost 0 is false');
+
+-- The declared form of wait.
+INSERT INTO throttle.bucket (name, rate, per, burst) VALUES ('tap.declwait', 1, '1 hour', 2);
+SELECT ok(throttle.wait('tap.declwait'), 'declared wait: passes at once on a full bucket');
+SELECT ok(throttle.wait('tap.declwait', timeout => '0'), 'declared wait with a timeout: the second unit');
+SELECT ok(NOT throttle.wait('tap.declwait', timeout => '59 minutes'), 'declared wait: false when the declared rate needs longer');
+SELECT ok(NOT throttle.wait('tap.declwait', '59 minutes', 1), 'positional (key, timeout, cost)');
+SELECT ok(NOT throttle.wait('tap.declwait', timeout => '59 minutes', cost => 0),
+    'declared wait with cost 0 waits for one unit: false within the timeout');
+SELECT throws_ok($$SELECT throttle.wait('tap.notdeclared')$$, '42704', 'bucket "tap.notdeclared" is not declared', 'declared wait of an undeclared bucket: 42704');
+SELECT throws_ok($$SELECT throttle.wait('tap.declwait', cost => 3)$$, '22023', 'cost must not exceed burst', 'declared wait: cost above the declared burst');
+SELECT ok(throttle.wait('tap.pos', 1, '1 hour'), 'wait(key, rate, per) with three positional arguments is the full form');
 
 -- wait with a timeout it cannot meet returns false at once and reserves nothing.
 SET LOCAL pg_throttle.test_clock = '2035-01-01 00:00:00+00';

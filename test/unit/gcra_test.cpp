@@ -86,15 +86,43 @@ TEST(Gcra, CostEqualToBurstEmptiesAFullBucket) {
 TEST(Gcra, CostZeroPeeksWithoutConsuming) {
     const BucketShape s = shape(10, kSecond, 5);
     const GcraDecision empty = gcra_decide(std::nullopt, 0, s, 5);
+    // An empty bucket: a peek is not allowed, and says when one unit is back.
     const GcraDecision peek = gcra_decide(empty.tat, 0, s, 0);
-    EXPECT_TRUE(peek.allowed);
+    EXPECT_FALSE(peek.allowed);
     EXPECT_EQ(peek.tat, empty.tat);
     EXPECT_EQ(peek.remaining, 0);
-    EXPECT_EQ(peek.retry_after, 0);
+    EXPECT_EQ(peek.retry_after, 100'000);
+    EXPECT_EQ(peek.reset_after, 500'000);
+    // One unit back: allowed, and still nothing taken.
+    const GcraDecision later = gcra_decide(empty.tat, 100'000, s, 0);
+    EXPECT_TRUE(later.allowed);
+    EXPECT_EQ(later.tat, empty.tat);
+    EXPECT_EQ(later.remaining, 1);
+    EXPECT_EQ(later.retry_after, 0);
+    EXPECT_TRUE(gcra_decide(empty.tat, 100'000, s, 1).allowed);
+    EXPECT_FALSE(gcra_decide(empty.tat, 99'999, s, 0).allowed);
+    // An absent bucket is full.
     const GcraDecision absent = gcra_decide(std::nullopt, 0, s, 0);
     EXPECT_TRUE(absent.allowed);
     EXPECT_EQ(absent.remaining, 5);
     EXPECT_EQ(absent.reset_after, 0);
+    EXPECT_EQ(absent.tat, 0);
+}
+
+TEST(Gcra, PeekAgreesWithARequestOfOneAndNeverReserves) {
+    const BucketShape s = shape(3, kSecond, 4);
+    Micros tat = 0;
+    for (Micros now = 0; now < 3 * kSecond; now += 77'777) {
+        const GcraDecision one = gcra_decide(tat, now, s, 1);
+        const GcraDecision peek = gcra_reserve(tat, now, s, 0, 150'000);
+        EXPECT_EQ(peek.tat, tat);
+        EXPECT_EQ(peek.allowed, one.retry_after <= 150'000);
+        EXPECT_EQ(peek.retry_after, one.retry_after);
+        EXPECT_EQ(peek.remaining, gcra_remaining(tat, now, s));
+        // Spend two units whenever they pass, to keep the bucket near empty.
+        const GcraDecision two = gcra_decide(tat, now, s, 2);
+        tat = two.tat;
+    }
 }
 
 TEST(Gcra, WeightedCostRetryAfterIsTheExactWait) {
