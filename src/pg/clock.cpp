@@ -43,7 +43,6 @@ bool check_test_clock(char** newval, void** extra, GucSource /*source*/) {
     }
     // guc.c releases "extra" with free().
     auto* stored = static_cast<TimestampTz*>(malloc(sizeof(TimestampTz)));
-    ;
     if (stored == nullptr) {
         return false;
     }
@@ -69,6 +68,10 @@ void define_clock_guc() {
 
 core::Micros clock_now() {
     return test_clock_set ? test_clock_value : GetCurrentTimestamp();
+}
+
+bool clock_is_test() {
+    return test_clock_set;
 }
 
 core::Micros real_now() {

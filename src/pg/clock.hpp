@@ -13,6 +13,10 @@ void define_clock_guc();
 // start: a call inside a long transaction sees the time it is made).
 core::Micros clock_now();
 
+// Whether pg_throttle.test_clock is set in this session: the entries it makes
+// then live apart from those of the real clock (registry.hpp, EntryClock).
+bool clock_is_test();
+
 // The real clock, for what is shared between sessions and survives them:
 // lock and lease expiry, reclaim, checkpoints. pg_throttle.test_clock never
 // applies to these.

@@ -1,4 +1,5 @@
 #include "pg/registry.hpp"
+#include "pg/clock.hpp"
 
 #include "pg/registry_quota.hpp"
 
@@ -96,6 +97,7 @@ uint32 key_hash(const void* key_ptr, Size /*keysize*/) {
     const auto* key = static_cast<const RegistryKey*>(key_ptr);
     uint32 h = hash_uint32(key->dbid);
     h = hash_combine(h, key->kind);
+    h = hash_combine(h, key->clock);
     return hash_combine(
         h, hash_bytes(reinterpret_cast<const unsigned char*>(key->name), key->name_len));
 }
@@ -103,7 +105,8 @@ uint32 key_hash(const void* key_ptr, Size /*keysize*/) {
 int key_compare(const void* a_ptr, const void* b_ptr, Size /*keysize*/) {
     const auto* a = static_cast<const RegistryKey*>(a_ptr);
     const auto* b = static_cast<const RegistryKey*>(b_ptr);
-    if (a->dbid != b->dbid || a->kind != b->kind || a->name_len != b->name_len) {
+    if (a->dbid != b->dbid || a->kind != b->kind || a->clock != b->clock ||
+        a->name_len != b->name_len) {
         return 1;
     }
     return memcmp(a->name, b->name, a->name_len);
@@ -308,6 +311,10 @@ const char* entry_kind_name(EntryKind kind) {
     return "unknown";
 }
 
+bool entry_kind_follows_clock(EntryKind kind) {
+    return kind != EntryKind::kLock;
+}
+
 void registry_define_gucs() {
     DefineCustomIntVariable(
         "pg_throttle.max_entries", "Most entries the shared-memory registry holds.",
@@ -391,6 +398,8 @@ void registry_make_key(EntryKind kind, const char* name, size_t len, const char*
     key->kind = static_cast<uint8>(kind);
     key->name_len = static_cast<uint8>(len);
     memcpy(key->name, name, len);
+    key->clock = static_cast<uint8>(
+        entry_kind_follows_clock(kind) && clock_is_test() ? EntryClock::kTest : EntryClock::kReal);
 }
 
 Oid registry_caller_role(EntryKind kind) {
@@ -585,8 +594,13 @@ void registry_scan(core::Micros now, void (*visit)(const RegistryEntry& entry, v
     // database shows, not what the partition holds for every database.
     int64 capacity = 64;
     auto* copies = static_cast<RegistryEntry*>(palloc(capacity * sizeof(RegistryEntry)));
+    // A session sees the entries of its own clock (EntryClock): a test's
+    // resources and buckets are not the real clock's, nor the other way round.
+    const auto clock = static_cast<uint8>(clock_is_test() ? EntryClock::kTest : EntryClock::kReal);
     const auto matches = [&](const RegistryEntry& entry) {
-        return in_force(entry, MyDatabaseId, now, real_now);
+        const bool own_clock = !entry_kind_follows_clock(static_cast<EntryKind>(entry.key.kind)) ||
+                               entry.key.clock == clock;
+        return own_clock && in_force(entry, MyDatabaseId, now, real_now);
     };
     for (int i = 0; i < kPartitions; i++) {
         PartitionState& partition = partition_state(i);

@@ -31,11 +31,24 @@ inline constexpr int kEntryKindCount = 5;  // indexed by value; 0 is unused
 
 const char* entry_kind_name(EntryKind kind);
 
+// The clock an entry is timed by. Resources, buckets and queue groups follow
+// pg_throttle's clock (clock.hpp); those made while pg_throttle.test_clock is
+// set live apart from those made on the real clock, so that a test never
+// constrains a caller on the real clock, nor the other way round. Locks
+// follow the real clock always, and are always kReal.
+enum class EntryClock : uint8 { kReal = 0, kTest = 1 };
+
+// Whether entries of `kind` follow pg_throttle's clock (and so the test clock).
+bool entry_kind_follows_clock(EntryKind kind);
+
 struct RegistryKey {
     Oid dbid;
     uint8 kind;  // an EntryKind
     uint8 name_len;
     char name[core::kMaxNameBytes];  // not NUL-terminated; bytes past name_len are zero
+    // An EntryClock. Last, in what was padding: state files written before it
+    // existed hold zero here, the real clock.
+    uint8 clock;
 };
 
 struct RegistryEntry {
@@ -78,6 +91,7 @@ struct RegistryEntry {
 inline constexpr core::Micros kLongExpired = std::numeric_limits<core::Micros>::min();
 
 static_assert(std::is_trivially_copyable_v<RegistryKey>);
+static_assert(sizeof(RegistryKey) == 208, "the state file stores keys as they are");
 static_assert(std::is_trivially_copyable_v<RegistryEntry>);
 static_assert(offsetof(RegistryEntry, key) == 0);
 // Everything from here is the entry's state; before it, what the registry keeps.
@@ -110,8 +124,9 @@ void registry_attach_shmem();
 // Raises SQLSTATE 55000 unless the library was preloaded.
 void registry_require();
 
-// Builds the key of `name` in the current database; raises 22023 for an
-// empty or over-long name, naming the argument `what`.
+// Builds the key of `name` in the current database, on the session's clock
+// (EntryClock); raises 22023 for an empty or over-long name, naming the
+// argument `what`.
 void registry_make_key(EntryKind kind, const char* name, size_t len, const char* what,
                        RegistryKey* key);
 

@@ -17,12 +17,21 @@ Datum reset(FunctionCallInfo fcinfo) {
     require_not_null(fcinfo, 0, "name");
     const text* name = PG_GETARG_TEXT_PP(0);
     const char* only = PG_ARGISNULL(1) ? nullptr : text_to_cstring(PG_GETARG_TEXT_PP(1));
-    RegistryKey keys[std::size(kKinds)];
+    // A resource or bucket may have an entry on each clock (EntryClock): an
+    // operator clears the name, whatever clock made it.
+    RegistryKey keys[2 * std::size(kKinds)];
     size_t key_count = 0;
     for (const EntryKind kind : kKinds) {
         if (only == nullptr || strcmp(only, entry_kind_name(kind)) == 0) {
+            RegistryKey& key = keys[key_count++];
             registry_make_key(kind, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name),
-                              entry_kind_name(kind), &keys[key_count++]);
+                              entry_kind_name(kind), &key);
+            if (entry_kind_follows_clock(kind)) {
+                keys[key_count] = key;
+                keys[key_count++].clock = static_cast<uint8>(
+                    key.clock == static_cast<uint8>(EntryClock::kReal) ? EntryClock::kTest
+                                                                       : EntryClock::kReal);
+            }
         }
     }
     if (key_count == 0) {

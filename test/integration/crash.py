@@ -76,6 +76,11 @@ def backend_killed(tap, conn, data_dir, checkpoint):
     # The background worker's checkpoint, every second for this part.
     execute(conn, "ALTER SYSTEM SET pg_throttle.checkpoint_interval = '1s'")
     one(conn, "SELECT pg_reload_conf()")
+    # A resource granted on a test clock goes into the checkpoint as such.
+    test_clock = connect()
+    execute(test_clock, "SET pg_throttle.test_clock = '2031-01-01 00:00:00+00'")
+    one(test_clock, "SELECT throttle.acquire('ck.test', '1 day')")
+    test_clock.close()
     tap.ok(one(conn, "SELECT throttle.acquire('ck.early', '1 hour')")[0], "resource granted")
     early = next_grant(conn, "ck.early")
     tap.ok(wait_for_checkpoint(checkpoint, "ck.early"), "the background worker writes a checkpoint")
@@ -95,6 +100,14 @@ def backend_killed(tap, conn, data_dir, checkpoint):
     tap.is_(next_grant(conn, "ck.early"), early,
             "a resource in the last checkpoint comes back exactly (not restart + 1 hour)")
     tap.ok("resources from its checkpoint" in server_log(), "the log says what the checkpoint restored")
+    # Without its own checkpoint record it would be born at the restart, and
+    # 2031 is long past that.
+    test_clock = connect()
+    execute(test_clock, "SET pg_throttle.test_clock = '2031-01-01 12:00:00+00'")
+    tap.ok([one(test_clock, "SELECT throttle.acquire('ck.test', '1 day')")[0] for _ in range(2)]
+           == [False, False],
+           "a test clock's resource comes back from the checkpoint on its own clock (two calls)")
+    test_clock.close()
     tap.ok("leases from its lease journal" in server_log(),
            "the log says the lease came back from the journal")
     check_groups(tap, conn, w1, "a backend crash")
@@ -149,7 +162,7 @@ def damaged_checkpoint(tap, conn, data_dir, checkpoint):
 
 # Each fault runs on a fresh cluster: the crash rule one leaves in force (for
 # good: it outlives clean restarts) would deny the grants the next makes first.
-PHASES = {"backend": (backend_killed, CHECKS_PER_FAULT + 9),
+PHASES = {"backend": (backend_killed, CHECKS_PER_FAULT + 10),
           "postmaster": (postmaster_killed, CHECKS_PER_FAULT + 8),
           "damaged-checkpoint": (damaged_checkpoint, 4)}
 

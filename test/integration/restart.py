@@ -66,6 +66,14 @@ def clean_restarts(tap, data_dir):
     lease = one(conn, "SELECT throttle.lock('rs.lease', ttl => '10 seconds')")[0]
     expires = one(conn, "SELECT expires_at FROM throttle.locks WHERE name = 'rs.lease'")[0]
     session_lock = one(conn, "SELECT throttle.lock('rs.session')")[0]
+    # The same name on the test clock and on the real clock: two entries.
+    # (The real clock's calls ask for a millisecond: an earlier part left the
+    # crash rule in force, under which a new name counts as granted at R.)
+    one(conn, "SELECT throttle.acquire('rs.both', '1 hour')")
+    real = connect()
+    tap.ok(one(real, "SELECT throttle.acquire('rs.both', '1 millisecond')")[0],
+           "a grant on the test clock does not hold the same resource on the real clock")
+    real.close()
     before = one(conn, "SELECT count(*) FROM throttle.status WHERE kind <> 'lock'")[0]
     conn.close()
 
@@ -86,6 +94,13 @@ def clean_restarts(tap, data_dir):
     tap.ok(after_token > max(lease, session_lock), "new tokens stay above every token before the restart")
     tap.is_(one(conn, "SELECT count(*) FROM throttle.status WHERE kind <> 'lock'")[0], before,
             "status shows the same resources and buckets")
+    real = connect()
+    answers = [one(c, "SELECT throttle.acquire('rs.both', %s)", (every,))[0]
+               for c, every in ((conn, "1 hour"), (real, "1 millisecond"), (conn, "1 hour"))]
+    tap.ok(answers == [False, True, False],
+           "after the restart the test clock's grant still holds on its clock (two calls), "
+           "and not on the real clock", repr(answers))
+    real.close()
     conn.close()
 
     # A smart shutdown (waits for sessions to end) keeps it all the same way.
@@ -456,7 +471,7 @@ def damaged_record(tap, data_dir):
 
 
 def main():
-    tap = Tap(56)
+    tap = Tap(58)
     conn = connect()
     one(conn, "CREATE EXTENSION IF NOT EXISTS pg_throttle; SELECT 1")
     data_dir = one(conn, "SHOW data_directory")[0]

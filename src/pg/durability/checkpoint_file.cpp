@@ -27,7 +27,8 @@ struct Record {
     Oid dbid;
     uint8 name_len;
     uint8 holder_len;
-    uint16 reserved;
+    uint8 clock;  // the key's EntryClock; 0 (real) in files of before it
+    uint8 reserved;
     int32 holder_pid;
     Oid owner;  // 0 in files of before owners: counted against the database only
     int64 granted_at;
@@ -49,13 +50,16 @@ bool decode(const char* pos, const char* end, RegistryEntry* entry, size_t* size
     memcpy(&record, pos, sizeof record);
     *size = record_size(record.name_len, record.holder_len);
     if (record.name_len == 0 || record.name_len > core::kMaxNameBytes ||
-        record.holder_len > core::kMaxHolderBytes || end - pos < static_cast<ptrdiff_t>(*size)) {
+        record.holder_len > core::kMaxHolderBytes ||
+        record.clock > static_cast<uint8>(EntryClock::kTest) ||
+        end - pos < static_cast<ptrdiff_t>(*size)) {
         return false;
     }
     memset(entry, 0, sizeof *entry);
     entry->key.dbid = record.dbid;
     entry->key.kind = static_cast<uint8>(EntryKind::kResource);
     entry->key.name_len = record.name_len;
+    entry->key.clock = record.clock;
     memcpy(entry->key.name, pos + sizeof record, record.name_len);
     memcpy(entry->holder, pos + sizeof record + record.name_len, record.holder_len);
     entry->holder_pid = record.holder_pid;
@@ -87,6 +91,7 @@ void record_buffer_add(RecordBuffer* buffer, const RegistryEntry& entry) {
     const Record record{entry.key.dbid,
                         entry.key.name_len,
                         static_cast<uint8>(holder_len),
+                        entry.key.clock,
                         0,
                         entry.holder_pid,
                         entry.owner,
