@@ -27,7 +27,7 @@ run_suite cmake count scripts/cmake-build.sh
 
 test/run-server-profiles.sh
 
-expected_suites=22
+expected_suites=23
 echo
 echo "Suites:"
 awk '{printf "  %-26s %4d passed, %d failed\n", $1, $2, $3}' "$PG_THROTTLE_RESULTS"

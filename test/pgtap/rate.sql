@@ -1,7 +1,7 @@
 -- throttle.take / allow / wait: signatures, the GCRA formulas against a
 -- reference model, error codes. On the test clock.
 BEGIN;
-SELECT plan(53);
+SELECT plan(57);
 
 SELECT has_table('throttle', 'bucket', 'catalog table throttle.bucket');
 SELECT col_is_pk('throttle', 'bucket', 'name', 'bucket name is the primary key');
@@ -128,6 +128,38 @@ SELECT ok((SELECT allowed AND remaining = 1 FROM throttle.take('tap.peek', 2, '1
 SELECT ok(throttle.allow('tap.peek', 2, '1 second', 2, 0), 'allow with cost 0 answers the same');
 SELECT ok(throttle.allow('tap.peek', 2, '1 second', 2, 1), 'the peeks took nothing: the last unit passes');
 SELECT ok(NOT throttle.allow('tap.peek', 2, '1 second', 2, 0), 'empty: allow with cost 0 is false');
+
+-- The most a bucket lets through in any window (the README's rate + burst - 1):
+-- calls every `step` for `span`; the busiest half-open window of length `win`
+-- starts at a request that passed.
+CREATE TEMP TABLE passed (k text, at timestamptz);
+CREATE FUNCTION pg_temp.busiest_window(k text, rate integer, per interval, burst integer,
+                                       step interval, span interval, win interval) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    t timestamptz := '2036-01-01 00:00:00+00';
+    stop timestamptz := t + span;
+BEGIN
+    WHILE t < stop LOOP
+        PERFORM set_config('pg_throttle.test_clock', t::text, true);
+        IF throttle.allow(k, rate, per, burst) THEN
+            INSERT INTO passed VALUES (k, t);
+        END IF;
+        t := t + step;
+    END LOOP;
+    RETURN (SELECT max((SELECT count(*) FROM passed p2
+                        WHERE p2.k = p1.k AND p2.at >= p1.at AND p2.at < p1.at + win))
+            FROM passed p1 WHERE p1.k = busiest_window.k);
+END
+$$;
+SELECT is(pg_temp.busiest_window('tap.win1', 10, '1 second', 10, '5 ms', '3 s', '1 s'), 19::bigint,
+    '10/s burst 10: at most 19 in any second');
+SELECT is(pg_temp.busiest_window('tap.win2', 10, '1 second', 1, '5 ms', '3 s', '1 s'), 10::bigint,
+    '10/s burst 1: at most 10 in any second');
+SELECT is(pg_temp.busiest_window('tap.win3', 6, '1 second', 5, '5 ms', '3 s', '1 s'), 10::bigint,
+    '6/s burst 5: at most 10 in any second');
+SELECT is(pg_temp.busiest_window('tap.win4', 100, '1 minute', 20, '100 ms', '3 minutes', '1 minute'), 119::bigint,
+    '100/minute burst 20: at most 119 in any minute');
 
 -- The declared form of wait.
 INSERT INTO throttle.bucket (name, rate, per, burst) VALUES ('tap.declwait', 1, '1 hour', 2);

@@ -1,0 +1,7 @@
+-- The application's own objects that the README's examples use, as a reader
+-- would have them: test/integration/readme_examples.py creates them before it
+-- runs the examples.
+CREATE FUNCTION rebuild_search_index() RETURNS void LANGUAGE sql AS $$ SELECT $$;
+
+CREATE TABLE uploaded_images (id bigint PRIMARY KEY, processed boolean NOT NULL DEFAULT false);
+INSERT INTO uploaded_images (id) SELECT generate_series(1, 30);
