@@ -312,7 +312,9 @@ const char* entry_kind_name(EntryKind kind) {
 }
 
 bool entry_kind_follows_clock(EntryKind kind) {
-    return kind != EntryKind::kLock;
+    // Queue groups stand for throttle.event rows that every clock shares:
+    // one key for both, or two workers could hold one group.
+    return kind == EntryKind::kResource || kind == EntryKind::kBucket;
 }
 
 void registry_define_gucs() {

@@ -31,11 +31,11 @@ inline constexpr int kEntryKindCount = 5;  // indexed by value; 0 is unused
 
 const char* entry_kind_name(EntryKind kind);
 
-// The clock an entry is timed by. Resources, buckets and queue groups follow
+// The clock an entry is timed by. Resources and buckets follow
 // pg_throttle's clock (clock.hpp); those made while pg_throttle.test_clock is
 // set live apart from those made on the real clock, so that a test never
 // constrains a caller on the real clock, nor the other way round. Locks
-// follow the real clock always, and are always kReal.
+// and queue groups (whose claimed rows every clock shares) are always kReal.
 enum class EntryClock : uint8 { kReal = 0, kTest = 1 };
 
 // Whether entries of `kind` follow pg_throttle's clock (and so the test clock).

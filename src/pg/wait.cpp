@@ -39,7 +39,9 @@ void sleep_or_give_back(const BucketRequest& request, core::Micros reserved_tat,
     { sleep_for(wait_us); }
     PG_CATCH();
     {
-        bucket_give_back(request, reserved_tat);
+        if (request.cost > 0) {  // a peek reserved nothing
+            bucket_give_back(request, reserved_tat);
+        }
         PG_RE_THROW();
     }
     PG_END_TRY();

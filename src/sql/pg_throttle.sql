@@ -103,7 +103,7 @@ RETURNS boolean
 AS 'MODULE_PATHNAME', 'pg_throttle_wait_declared'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION throttle.wait(text, interval, integer) IS
-    'throttle.wait with rate, per and burst declared for key in throttle.bucket: throttle.wait(''mail-provider'', timeout => ''30 seconds'', cost => 2).';
+    'throttle.wait with rate, per and burst declared for key in throttle.bucket: throttle.wait(''mail-provider'', timeout => ''30 seconds'').';
 
 --
 -- Locks and leases with fence tokens.
