@@ -33,8 +33,8 @@ GcraDecision gcra_decide(std::optional<Micros> tat, Micros now, const BucketShap
 
 std::optional<Micros> gcra_give_back(Micros current, Micros reserved, const BucketShape& shape,
                                      std::int64_t cost) noexcept {
-    if (current != reserved) {
-        return std::nullopt;
+    if (cost == 0 || current != reserved) {
+        return std::nullopt;  // a peek reserved nothing
     }
     return saturating_add(current, -(cost * shape.emission));
 }

@@ -65,7 +65,8 @@ GcraDecision gcra_reserve(std::optional<Micros> tat, Micros now, const BucketSha
 // The TAT after giving back a reservation of `cost` whose TAT was `reserved`,
 // when the bucket's TAT is `current`. Only the latest reservation is given
 // back (current == reserved): a later one keeps its place in the queue, and
-// an earlier slot is never handed to someone who came after it.
+// an earlier slot is never handed to someone who came after it. A peek
+// (cost 0) reserved nothing and gives nothing back.
 std::optional<Micros> gcra_give_back(Micros current, Micros reserved, const BucketShape& shape,
                                      std::int64_t cost) noexcept;
 

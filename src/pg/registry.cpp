@@ -93,6 +93,12 @@ void lower_reclaim_not_before(PartitionState& partition, core::Micros expires_at
     }
 }
 
+// The clock of the entries this session makes and sees, for kinds that
+// follow pg_throttle's clock.
+uint8 session_clock() {
+    return static_cast<uint8>(clock_is_test() ? EntryClock::kTest : EntryClock::kReal);
+}
+
 uint32 key_hash(const void* key_ptr, Size /*keysize*/) {
     const auto* key = static_cast<const RegistryKey*>(key_ptr);
     uint32 h = hash_uint32(key->dbid);
@@ -400,8 +406,8 @@ void registry_make_key(EntryKind kind, const char* name, size_t len, const char*
     key->kind = static_cast<uint8>(kind);
     key->name_len = static_cast<uint8>(len);
     memcpy(key->name, name, len);
-    key->clock = static_cast<uint8>(
-        entry_kind_follows_clock(kind) && clock_is_test() ? EntryClock::kTest : EntryClock::kReal);
+    key->clock =
+        entry_kind_follows_clock(kind) ? session_clock() : static_cast<uint8>(EntryClock::kReal);
 }
 
 Oid registry_caller_role(EntryKind kind) {
@@ -598,7 +604,7 @@ void registry_scan(core::Micros now, void (*visit)(const RegistryEntry& entry, v
     auto* copies = static_cast<RegistryEntry*>(palloc(capacity * sizeof(RegistryEntry)));
     // A session sees the entries of its own clock (EntryClock): a test's
     // resources and buckets are not the real clock's, nor the other way round.
-    const auto clock = static_cast<uint8>(clock_is_test() ? EntryClock::kTest : EntryClock::kReal);
+    const uint8 clock = session_clock();
     const auto matches = [&](const RegistryEntry& entry) {
         const bool own_clock = !entry_kind_follows_clock(static_cast<EntryKind>(entry.key.kind)) ||
                                entry.key.clock == clock;

@@ -22,16 +22,19 @@ Datum reset(FunctionCallInfo fcinfo) {
     RegistryKey keys[2 * std::size(kKinds)];
     size_t key_count = 0;
     for (const EntryKind kind : kKinds) {
-        if (only == nullptr || strcmp(only, entry_kind_name(kind)) == 0) {
-            RegistryKey& key = keys[key_count++];
-            registry_make_key(kind, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name),
-                              entry_kind_name(kind), &key);
-            if (entry_kind_follows_clock(kind)) {
-                keys[key_count] = key;
-                keys[key_count++].clock = static_cast<uint8>(
-                    key.clock == static_cast<uint8>(EntryClock::kReal) ? EntryClock::kTest
-                                                                       : EntryClock::kReal);
-            }
+        if (only != nullptr && strcmp(only, entry_kind_name(kind)) != 0) {
+            continue;
+        }
+        RegistryKey key;
+        registry_make_key(kind, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name), entry_kind_name(kind),
+                          &key);
+        if (!entry_kind_follows_clock(kind)) {
+            keys[key_count++] = key;
+            continue;
+        }
+        for (const EntryClock clock : {EntryClock::kReal, EntryClock::kTest}) {
+            key.clock = static_cast<uint8>(clock);
+            keys[key_count++] = key;
         }
     }
     if (key_count == 0) {

@@ -39,9 +39,7 @@ void sleep_or_give_back(const BucketRequest& request, core::Micros reserved_tat,
     { sleep_for(wait_us); }
     PG_CATCH();
     {
-        if (request.cost > 0) {  // a peek reserved nothing
-            bucket_give_back(request, reserved_tat);
-        }
+        bucket_give_back(request, reserved_tat);
         PG_RE_THROW();
     }
     PG_END_TRY();

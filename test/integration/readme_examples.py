@@ -99,10 +99,13 @@ def psql(script):
         input=script, capture_output=True, text=True, env=env)
 
 
+def ran_cleanly(done):
+    return done.returncode == 0 and "ERROR" not in done.stderr
+
+
 def run_plain(tap, block):
     done = psql("\n".join(block.lines) + "\n")
-    tap.ok(done.returncode == 0 and "ERROR" not in done.stderr, f"{block.title}: runs",
-           done.stderr)
+    tap.ok(ran_cleanly(done), f"{block.title}: runs", done.stderr)
     return done
 
 
@@ -113,8 +116,7 @@ def run_with_output(tap, block):
         script.append(f"\\echo '{MARKER}{n}'")
         script.extend(lines)
     done = psql("\n".join(script) + "\n")
-    tap.ok(done.returncode == 0 and "ERROR" not in done.stderr, f"{block.title}: runs",
-           done.stderr)
+    tap.ok(ran_cleanly(done), f"{block.title}: runs", done.stderr)
     printed = {}
     current = None
     for line in done.stdout.splitlines():
@@ -168,8 +170,7 @@ def main():
             holder = connect(dbname=DATABASE)
             token = one(holder, "SELECT throttle.lock(%s)", (name,))[0]
             done = psql("\n".join(block.lines) + "\n")
-            tap.ok(token is not None and done.returncode == 0 and "ERROR" not in done.stderr
-                   and "busy" in done.stdout,
+            tap.ok(token is not None and ran_cleanly(done) and "busy" in done.stdout,
                    f"{block.title}: runs cleanly while another session holds {name!r}",
                    done.stdout + done.stderr)
             holder.close()

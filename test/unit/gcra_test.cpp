@@ -109,6 +109,14 @@ TEST(Gcra, CostZeroPeeksWithoutConsuming) {
     EXPECT_EQ(absent.tat, 0);
 }
 
+TEST(Gcra, PeekGivesNothingBack) {
+    const BucketShape s = shape(10, kSecond, 5);
+    const GcraDecision peek = gcra_reserve(Micros{1'000'000}, 0, s, 0, kSecond);
+    EXPECT_FALSE(gcra_give_back(peek.tat, peek.tat, s, 0).has_value());
+    const GcraDecision one = gcra_reserve(Micros{1'000'000}, 0, s, 1, kSecond);
+    EXPECT_EQ(gcra_give_back(one.tat, one.tat, s, 1), std::optional<Micros>{1'000'000});
+}
+
 TEST(Gcra, PeekAgreesWithARequestOfOneAndNeverReserves) {
     const BucketShape s = shape(3, kSecond, 4);
     Micros tat = 0;
