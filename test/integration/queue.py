@@ -4,6 +4,7 @@ events with claim_group; every event is completed exactly once and no group
 is held by two workers at overlapping times. LISTEN gets due events.
 """
 import collections
+import datetime
 import os
 import random
 import select
@@ -53,7 +54,7 @@ def worker(name, claims, errors, stop_at):
 
 
 def main():
-    tap = Tap(8)
+    tap = Tap(9)
     conn = connect()
     cur = conn.cursor()
     cur.execute("DELETE FROM throttle.event WHERE queue = %s", (QUEUE,))
@@ -114,6 +115,34 @@ def main():
     received += [(n.channel, n.payload) for n in listener.notifies if (n.channel, n.payload) not in received]
     tap.is_(received, [("it.mail", str(due_id))], "LISTEN gets the due event's id, and only that one")
     listener.close()
+
+    # A group is one group on every clock: a worker on the test clock claims
+    # it in an open transaction; a worker on the real clock, blocked on the
+    # row until that commits, must then get nothing.
+    cur.execute("SELECT throttle.schedule('it.clocks', 'one', now(), group_key => 'cust')")
+    test_worker = connect(autocommit=False)
+    tcur = test_worker.cursor()
+    tcur.execute("SET pg_throttle.test_clock = %s", (str(datetime.datetime.now(datetime.timezone.utc)),))
+    tcur.execute("SELECT id FROM throttle.claim_group('it.clocks', 'worker-test', '5 minutes')")
+    first = tcur.fetchall()
+    second = []
+
+    def real_worker():
+        real = connect()
+        rcur = real.cursor()
+        rcur.execute("SELECT id FROM throttle.claim_group('it.clocks', 'worker-real', '5 minutes')")
+        second.extend(rcur.fetchall())
+        real.close()
+
+    t = threading.Thread(target=real_worker)
+    t.start()
+    time.sleep(0.5)
+    test_worker.commit()
+    t.join(timeout=10)
+    tap.ok(len(first) == 1 and second == [] and not t.is_alive(),
+           "a group claimed on the test clock is not claimed again on the real clock",
+           f"test clock got {first}, real clock got {second}")
+    test_worker.close()
     conn.close()
     tap.done()
 

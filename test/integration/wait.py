@@ -13,7 +13,7 @@ import time
 import psycopg2
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pgconn import connect  # noqa: E402
+from pgconn import connect, one  # noqa: E402
 from tap import Tap  # noqa: E402
 
 CLOCK = "2036-01-01 00:00:00+00"
@@ -43,7 +43,7 @@ def retry_after(conn, key, rate, per, burst):
 
 
 def main():
-    tap = Tap(12)
+    tap = Tap(13)
     a = session()
 
     # 1. Sleeps as long as the bucket needs: 4 per second, burst 1 -> 250 ms.
@@ -99,6 +99,15 @@ def main():
     tap.ok(took < 0.6, f"promptly (took {took * 1000:.0f} ms)")
     tap.ok(abs(retry_after(checker, "w.cancel", 1, "10 seconds", 1) - 10.0) < 1e-6,
            "the cancelled wait gave its reservation back (retry_after 10 s, not 20 s)")
+    # A cancelled wait with cost 0 (a peek) reserved nothing and gives nothing back.
+    grants = lambda: one(checker, "SELECT grants FROM throttle.status WHERE name = 'w.cancel'")[0]  # noqa: E731
+    before = grants()
+    for _ in range(2):
+        try:
+            timed(a, "SELECT throttle.wait('w.cancel', 1, '10 seconds', 1, 0)")
+        except psycopg2.Error:
+            pass
+    tap.is_(grants(), before, "two cancelled peek-waits leave the grant count as it was")
     with a.cursor() as cur:
         cur.execute("RESET statement_timeout")
 
