@@ -1,17 +1,18 @@
 \pset footer off
 \echo '== A cron job runs on three instances at 03:00; only the first caller runs it.'
+\echo '   (one key per night; throttle.now() is the test clock here, current_date in a real job)'
 SET pg_throttle.test_clock = '2030-01-01 03:00:00.010+00';
-SELECT 'instance-a' AS instance, throttle.acquire('nightly-report', '23 hours', 'instance-a') AS runs_the_job
+SELECT 'instance-a' AS instance, throttle.acquire('nightly-report:' || to_char(throttle.now(), 'YYYY-MM-DD'), '10 minutes', 'instance-a') AS runs_the_job
 UNION ALL
-SELECT 'instance-b', throttle.acquire('nightly-report', '23 hours', 'instance-b')
+SELECT 'instance-b', throttle.acquire('nightly-report:' || to_char(throttle.now(), 'YYYY-MM-DD'), '10 minutes', 'instance-b')
 UNION ALL
-SELECT 'instance-c', throttle.acquire('nightly-report', '23 hours', 'instance-c');
+SELECT 'instance-c', throttle.acquire('nightly-report:' || to_char(throttle.now(), 'YYYY-MM-DD'), '10 minutes', 'instance-c');
 
 \echo '== The next night the job runs again, once.'
 SET pg_throttle.test_clock = '2030-01-02 03:00:00.020+00';
-SELECT 'instance-c' AS instance, throttle.acquire('nightly-report', '23 hours', 'instance-c') AS runs_the_job
+SELECT 'instance-c' AS instance, throttle.acquire('nightly-report:' || to_char(throttle.now(), 'YYYY-MM-DD'), '10 minutes', 'instance-c') AS runs_the_job
 UNION ALL
-SELECT 'instance-a', throttle.acquire('nightly-report', '23 hours', 'instance-a');
+SELECT 'instance-a', throttle.acquire('nightly-report:' || to_char(throttle.now(), 'YYYY-MM-DD'), '10 minutes', 'instance-a');
 
 \echo '== "No more than one FOO per minute", declared once by an operator.'
 INSERT INTO throttle.resource (name, every, comment)
