@@ -14,7 +14,7 @@ REGRESS      = acquire bad_input status other_database reinstall rate locks queu
 REGRESS_OPTS = --load-extension=pg_throttle
 
 PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-register -Wno-missing-field-initializers \
-              -Wno-unused-parameter -Isrc -MMD -MP
+              -Wno-unused-parameter -Isrc -MMD -MP -DPG_THROTTLE_VERSION='"$(EXTVERSION)"'
 SHLIB_LINK  = -lstdc++
 EXTRA_CLEAN = $(DATA_built) build/unit $(OBJS:.o=.d)
 
@@ -53,13 +53,17 @@ print-version:
 # Lint: the project's clang-format and clang-tidy settings.
 LINT_SRCS = $(CORE_SRCS) $(PG_SRCS) $(UNIT_SRCS)
 LINT_HDRS = $(wildcard src/*/*.hpp src/pg/*/*.hpp)
-.PHONY: format format-check tidy
+.PHONY: format format-check tidy compat-check
 format:
 	clang-format -i $(LINT_SRCS) $(LINT_HDRS)
 format-check:
 	clang-format --dry-run -Werror $(LINT_SRCS) $(LINT_HDRS)
+# Every #if on the server version is in src/pg/compat.hpp.
+compat-check:
+	@! grep -rn 'PG_VERSION_NUM' src --include='*.cpp' --include='*.hpp' | grep -v '^src/pg/compat.hpp:'
 tidy:
 	clang-tidy --quiet $(LINT_SRCS) -- -std=c++17 -Isrc -Wno-register \
+	  -DPG_THROTTLE_VERSION='"$(EXTVERSION)"' \
 	  -I$(shell $(PG_CONFIG) --includedir-server) \
 	  -DPG_INCLUDEDIR_SERVER='"$(shell $(PG_CONFIG) --includedir-server)"'
 

@@ -1,5 +1,6 @@
 #include "pg/clock.hpp"
 
+#include "pg/compat.hpp"
 #include "pg/pg_headers.hpp"
 
 namespace pg_throttle::pg {
@@ -26,7 +27,8 @@ bool parse_timestamptz(const char* text, TimestampTz* result) {
     fsec_t fsec = 0;
     int dtype = 0;
     int tz = 0;
-    if (DecodeDateTime(field, ftype, nf, &dtype, &tm, &fsec, &tz) != 0 || dtype != DTK_DATE) {
+    if (compat_decode_datetime(field, ftype, nf, &dtype, &tm, &fsec, &tz) != 0 ||
+        dtype != DTK_DATE) {
         return false;
     }
     return tm2timestamp(&tm, fsec, &tz, result) == 0 && IS_VALID_TIMESTAMP(*result);
@@ -41,8 +43,7 @@ bool check_test_clock(char** newval, void** extra, GucSource /*source*/) {
         GUC_check_errdetail("pg_throttle.test_clock must be empty or a finite timestamptz.");
         return false;
     }
-    // guc.c releases "extra" with free().
-    auto* stored = static_cast<TimestampTz*>(malloc(sizeof(TimestampTz)));
+    auto* stored = static_cast<TimestampTz*>(compat_guc_extra_alloc(sizeof(TimestampTz)));
     if (stored == nullptr) {
         return false;
     }

@@ -6,13 +6,14 @@
 #include "pg/registry.hpp"
 
 #include "pg/clock.hpp"
+#include "pg/compat.hpp"
 #include "pg/durability/checkpoint.hpp"
 #include "pg/durability/fence.hpp"
 #include "pg/durability/persistence.hpp"
 #include "pg/pg_headers.hpp"
 
 extern "C" {
-PG_MODULE_MAGIC;
+PG_THROTTLE_MODULE_MAGIC;
 void _PG_init(void);
 }
 

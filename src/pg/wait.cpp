@@ -8,6 +8,7 @@
 #include "pg/bucket.hpp"
 #include "pg/arguments.hpp"
 #include "pg/clock.hpp"
+#include "pg/wait_events.hpp"
 
 #include "pg/boundary.hpp"
 
@@ -17,6 +18,7 @@ namespace {
 // Sleeps `wait_us` of real time. Whatever the extension's clock says (the
 // test clock stands still), the wait itself is measured on the real clock.
 void sleep_for(core::Micros wait_us) {
+    const uint32 event = wait_event_wait();
     const TimestampTz deadline = core::saturating_add(GetCurrentTimestamp(), wait_us);
     for (;;) {
         CHECK_FOR_INTERRUPTS();
@@ -27,7 +29,7 @@ void sleep_for(core::Micros wait_us) {
         // Rounded up, so the loop never wakes before the deadline more than once.
         const long timeout_ms = TimestampDifferenceMilliseconds(now, deadline);
         (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-                        timeout_ms > 0 ? timeout_ms : 1, PG_WAIT_EXTENSION);
+                        timeout_ms > 0 ? timeout_ms : 1, event);
         ResetLatch(MyLatch);
     }
 }

@@ -1,5 +1,7 @@
 #include "pg/locks/lock_waiters.hpp"
 
+#include "pg/compat.hpp"
+
 namespace pg_throttle::pg {
 namespace {
 
@@ -30,8 +32,9 @@ void waiters_attach_shmem() {
 }
 
 WaiterSlot* my_waiter_slot() {
-    Assert(MyBackendId > 0 && MyBackendId < slot_count);
-    return &slots[MyBackendId];
+    const int slot = compat_my_backend_slot();
+    Assert(slot > 0 && slot < slot_count);
+    return &slots[slot];
 }
 
 void waiter_enqueue(RegistryEntry* entry, int64 ttl, const char* holder, Oid role) {
@@ -42,7 +45,7 @@ void waiter_enqueue(RegistryEntry* entry, int64 ttl, const char* holder, Oid rol
     slot->ttl = ttl;
     slot->granted_token = 0;
     slot->pid = MyProcPid;
-    slot->pgprocno = MyProc->pgprocno;
+    slot->pgprocno = compat_my_pgprocno();
     slot->role = role;
     strlcpy(slot->holder, holder, sizeof slot->holder);
     slot->waiting = true;

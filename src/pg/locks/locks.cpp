@@ -7,6 +7,7 @@
 #include "pg/durability/fence.hpp"
 #include "pg/durability/sync_standbys.hpp"
 #include "pg/locks/lock_waiters.hpp"
+#include "pg/wait_events.hpp"
 
 extern "C" {
 #include "access/xlog.h"
@@ -271,7 +272,7 @@ long sleep_ms(TimestampTz deadline, core::Micros real, core::Micros now, core::M
 
 // Waits in the queue until the lock is handed over or the wait runs out
 // (token 0). Only trivially destructible objects here: PG_TRY is sigsetjmp.
-WaitCheck wait_in_queue(const RegistryKey& key, core::Micros wait_us) {
+WaitCheck wait_in_queue(const RegistryKey& key, core::Micros wait_us, uint32 event) {
     const TimestampTz deadline = core::saturating_add(real_now(), wait_us);
     WaitCheck result{};
     PG_TRY();
@@ -289,8 +290,7 @@ WaitCheck wait_in_queue(const RegistryKey& key, core::Micros wait_us) {
                 break;
             }
             (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-                            sleep_ms(deadline, real_now(), check.now, check.lapses_at),
-                            PG_WAIT_EXTENSION);
+                            sleep_ms(deadline, real_now(), check.now, check.lapses_at), event);
             ResetLatch(MyLatch);
             CHECK_FOR_INTERRUPTS();
         }
@@ -510,6 +510,8 @@ int64 lock_take(const RegistryKey& key, int64 ttl, core::Micros wait_us, const H
         remember_session_lock(key);  // before it can be granted, even while waiting
     }
     const Oid role = registry_caller_role(static_cast<EntryKind>(key.kind));
+    // Before queueing: naming the wait event can raise an error.
+    const uint32 event = wait_us > 0 ? wait_event_lock() : 0;
     LockCall call{};
     do {
         fence_reserve_ahead();
@@ -519,7 +521,7 @@ int64 lock_take(const RegistryKey& key, int64 ttl, core::Micros wait_us, const H
     int64 token = call.token;
     LeaseRecord record = call.granted;
     if (call.queued) {
-        const WaitCheck handed = wait_in_queue(key, wait_us);
+        const WaitCheck handed = wait_in_queue(key, wait_us, event);
         token = handed.token;
         handed_over_record(key, handed, ttl, holder, role, &record);
     }
