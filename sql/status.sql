@@ -16,5 +16,5 @@ SELECT throttle.acquire('st.a', '10 minutes', 'worker-d') AS a_next_window;
 SELECT name, holder, granted_at, next_grant_at, grants, denials
 FROM throttle.status WHERE name = 'st.a';
 
-\d+ throttle.status
+\d throttle.status
 RESET pg_throttle.test_clock;
