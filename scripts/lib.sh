@@ -2,21 +2,62 @@
 # shellcheck shell=bash
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PG_MAJOR=15
+
+# The PostgreSQL major versions pg_throttle builds for (src/pg/compat.hpp).
+SUPPORTED_PG_MAJORS=(15 16 17 18)
+
+# The version to build and test for when PG_MAJOR does not say: the newest
+# supported server installed here, else the one this Debian release ships
+# (Debian 12 bookworm: 15, 13 trixie: 17, sid: 18).
+default_pg_major() {
+    local v
+    for v in $(printf '%s\n' "${SUPPORTED_PG_MAJORS[@]}" | sort -rn); do
+        if [ -x "/usr/lib/postgresql/$v/bin/pg_config" ] && [ -x "/usr/lib/postgresql/$v/bin/postgres" ]; then
+            echo "$v"
+            return
+        fi
+    done
+    v=$(apt-cache depends postgresql 2>/dev/null | sed -n 's/^ *Depends: postgresql-\([0-9][0-9]*\)$/\1/p' | head -1)
+    if [ -z "$v" ]; then  # no package lists yet: the release's own version
+        case "$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")" in
+        trixie) v=17 ;;
+        forky | sid) v=18 ;;
+        *) v=15 ;;
+        esac
+    fi
+    echo "$v"
+}
+
+is_supported_pg_major() {
+    local v
+    for v in "${SUPPORTED_PG_MAJORS[@]}"; do
+        [ "$v" = "$1" ] && return 0
+    done
+    return 1
+}
+
+PG_MAJOR=${PG_MAJOR:-$(default_pg_major)}
+if ! is_supported_pg_major "$PG_MAJOR"; then
+    echo "PostgreSQL $PG_MAJOR is not supported: pg_throttle builds for ${SUPPORTED_PG_MAJORS[*]}" >&2
+    exit 2
+fi
+export PG_MAJOR
 export PATH="/usr/lib/postgresql/$PG_MAJOR/bin:$PATH"
 
 as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }
 
-# Debian packages the build and every suite need.
+# Debian packages the build and every suite of one version need.
 PACKAGES=(
     make g++ git python3 python3-psycopg2 perl
     "postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR" "postgresql-$PG_MAJOR-pgtap"
     postgresql-common postgresql-client-common libkrb5-dev
     libtap-parser-sourcehandler-pgtap-perl libgtest-dev
-    clang-format clang-tidy cmake procps
+    cmake procps
 )
+# And the lint that scripts/test.sh runs once, on this machine.
+LINT_PACKAGES=(clang-format clang-tidy)
 
 install_missing_packages() {
     local missing=()
@@ -32,7 +73,15 @@ install_missing_packages() {
     fi
 }
 
+# Builds for $PG_MAJOR; objects built for another version are cleaned first.
 build_and_install() {
+    local stamp="$ROOT/build/pg-major"
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$PG_MAJOR" ]; then
+        make -C "$ROOT" -s clean >/dev/null
+        rm -rf "$ROOT/build/cmake"
+        mkdir -p "$ROOT/build"
+        echo "$PG_MAJOR" >"$stamp"
+    fi
     make -C "$ROOT" -s
     as_root make -C "$ROOT" -s install
 }

@@ -1,42 +1,124 @@
 #!/usr/bin/env bash
-# Runs every suite from scratch: installs what is missing from Debian's
-# packages, builds and installs pg_throttle, then runs
-#   lint (clang-format, clang-tidy), the core's unit tests, the CMake build,
-#   pg_regress, pgTAP, the integration tests and the fault-injection soak test
-#   on throwaway clusters. SOAK_CYCLES=40 runs a longer soak (6 by default).
-# The last line is "N passed, N failed"; the exit code is non-zero on failure.
+# Runs every suite from scratch, on every supported PostgreSQL version that
+# Debian ships: 15, 17 and 18 (16 has no Debian package).
+#
+#   bash scripts/test.sh              all three
+#   bash scripts/test.sh --pg 17      one version only (repeat --pg for more)
+#
+# Lint (clang-format, clang-tidy, every version #if in src/pg/compat.hpp) and
+# META.json are checked once, here. Then
+# for each version scripts/test-version.sh builds, installs and runs the
+# unit tests, the CMake build, pg_regress, pgTAP, the integration tests, the
+# crash, restart and failover tests and the soak test: natively when this
+# machine's Debian ships that version (or it is installed), otherwise inside
+# a Debian tree that ships it (scripts/debian_tree.sh: bookworm for 15,
+# trixie for 17, sid for 18), made with debootstrap and cached in
+# $PG_THROTTLE_TREES between runs. SOAK_CYCLES=40 runs a longer soak (6 by
+# default). The last line is "N passed, N failed"; the exit code is non-zero
+# on failure.
 set -uo pipefail
-source "$(dirname "$0")/lib.sh"
+HERE=$(cd "$(dirname "$0")" && pwd)
+
+versions=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --pg)
+        versions+=("${2:?--pg VERSION: 15, 17 or 18}")
+        shift 2
+        ;;
+    --pg=*)
+        versions+=("${1#--pg=}")
+        shift
+        ;;
+    *)
+        echo "usage: bash scripts/test.sh [--pg VERSION]..." >&2
+        exit 2
+        ;;
+    esac
+done
+[ ${#versions[@]} -gt 0 ] || versions=(15 17 18)
+
+source "$HERE/debian_tree.sh"
+needs_tree=no
+for v in "${versions[@]}"; do
+    if ! runs_natively "$v"; then
+        if ! debian_suite_for "$v" >/dev/null; then
+            echo "PostgreSQL $v: no Debian release ships it, and it is not installed here" >&2
+            exit 2
+        fi
+        needs_tree=yes
+    fi
+done
+
+# The host's own packages: lint, the build, and debootstrap when a tree is needed.
+source "$HERE/lib.sh"
 set -e
-install_missing_packages
-build_and_install
+if [ "$needs_tree" = yes ]; then
+    install_missing_packages "${LINT_PACKAGES[@]}" debootstrap
+else
+    install_missing_packages "${LINT_PACKAGES[@]}"
+fi
 set +e
 cd "$ROOT"
 
-export PG_THROTTLE_RESULTS
-PG_THROTTLE_RESULTS=$(mktemp)
-trap 'rm -f "$PG_THROTTLE_RESULTS"' EXIT
-chmod 644 "$PG_THROTTLE_RESULTS"
+results=$(mktemp)
+trap 'rm -f "$results"' EXIT
+chmod 644 "$results"
 source "$ROOT/test/results.sh"
 
-run_suite clang-format count make -s format-check
-run_suite clang-tidy count make -s tidy
-run_suite meta prove prove test/check_meta.py
-run_suite unit gtest make -s unit
-run_suite cmake count scripts/cmake-build.sh
+PG_THROTTLE_RESULTS=$results run_suite clang-format count make -s format-check
+PG_THROTTLE_RESULTS=$results run_suite clang-tidy count make -s tidy
+PG_THROTTLE_RESULTS=$results run_suite compat-layer count make -s compat-check
+PG_THROTTLE_RESULTS=$results run_suite meta prove prove test/check_meta.py
+version_independent_suites=4
 
-test/run-server-profiles.sh
+# run_version V: every version-dependent suite for PostgreSQL V; its counts
+# are added to $results as "V/suite passed failed".
+run_version() {
+    local v=$1 suite dir own
+    own=$(mktemp)
+    chmod 644 "$own"
+    if runs_natively "$v"; then
+        PG_MAJOR=$v PG_THROTTLE_RESULTS=$own bash "$ROOT/scripts/test-version.sh"
+    else
+        suite=$(debian_suite_for "$v")
+        dir=$(tree_dir "$suite")
+        mkdir -p "$PG_THROTTLE_TREES"
+        (
+            flock 9
+            tree_ensure "$suite" || exit 1
+            trap 'tree_unmount "$dir"' EXIT
+            tree_mount "$dir" || exit 1
+            tree_copy_source "$ROOT" "$dir"
+            : >"$dir/build/results"
+            tree_run "$dir" env PG_MAJOR="$v" PG_THROTTLE_RESULTS=/build/results \
+                bash /build/pg_throttle/scripts/test-version.sh
+            cat "$dir/build/results" >"$own"
+        ) 9>"$PG_THROTTLE_TREES/$suite.lock"
+    fi
+    sed "s|^|$v/|" "$own" >>"$results"
+    rm -f "$own"
+}
 
-expected_suites=23
+for v in "${versions[@]}"; do
+    start=$SECONDS
+    run_version "$v"
+    echo "==== PostgreSQL $v: $((SECONDS - start)) s"
+done
+
+# Each version runs unit, cmake and the server suites (test/run-server-profiles.sh).
+suites_per_version=21
+expected_suites=$((version_independent_suites + suites_per_version * ${#versions[@]}))
 echo
 echo "Suites:"
-awk '{printf "  %-26s %4d passed, %d failed\n", $1, $2, $3}' "$PG_THROTTLE_RESULTS"
-suites=$(wc -l <"$PG_THROTTLE_RESULTS")
-passed=$(awk '{s += $2} END {print s + 0}' "$PG_THROTTLE_RESULTS")
-failed=$(awk '{s += $3} END {print s + 0}' "$PG_THROTTLE_RESULTS")
+awk '{printf "  %-30s %4d passed, %d failed\n", $1, $2, $3}' "$results"
+suites=$(wc -l <"$results")
+passed=$(awk '{s += $2} END {print s + 0}' "$results")
+failed=$(awk '{s += $3} END {print s + 0}' "$results")
 if [ "$suites" -ne "$expected_suites" ]; then
     echo "  only $suites of $expected_suites suites reported"
     failed=$((failed + expected_suites - suites))
 fi
+echo "PostgreSQL ${versions[*]}: $SECONDS s in all"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

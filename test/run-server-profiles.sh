@@ -3,6 +3,9 @@
 # throwaway cluster (pg_virtualenv). Needs pg_throttle installed.
 set -uo pipefail
 cd "$(dirname "$0")"
+# The version scripts/lib.sh chose; pg_virtualenv would otherwise make a
+# cluster for every version installed.
+pg_virtualenv() { command pg_virtualenv ${PG_MAJOR:+-v "$PG_MAJOR"} "$@"; }
 rc=0
 pg_virtualenv -t -o shared_preload_libraries=pg_throttle ./server-suites.sh main || rc=1
 pg_virtualenv -t -o shared_preload_libraries=pg_throttle -o pg_throttle.max_entries=100 \

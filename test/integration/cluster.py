@@ -1,4 +1,4 @@
-"""Control of the cluster a suite runs against (pg_virtualenv's cluster 15/regress):
+"""Control of the cluster a suite runs against (pg_virtualenv's cluster <version>/regress):
 restarts, crashes (a backend or the postmaster killed with SIGKILL), its log."""
 import glob
 import os
@@ -8,8 +8,10 @@ import time
 
 from pgconn import connect, one
 
-PG_VERSION = "15"
-BIN = f"/usr/lib/postgresql/{PG_VERSION}/bin"
+# The server's binaries: pg_virtualenv's version, else the pg_config on PATH.
+BIN = subprocess.run([os.environ.get("PG_CONFIG", "pg_config"), "--bindir"], capture_output=True, text=True,
+                     check=True).stdout.strip()
+PG_VERSION = os.environ.get("PGVERSION") or os.path.basename(os.path.dirname(BIN))
 
 
 def pg_ctlcluster(action, *extra):
