@@ -2,7 +2,7 @@
 # Runs the suites that need a server, against the cluster named by the libpq
 # environment (pg_virtualenv sets it). One profile per server configuration:
 #   main           pg_throttle preloaded, default settings: pg_regress, pgTAP, real clients,
-#                  the README's examples
+#                  the README's examples, what newer servers show (version_features.py)
 #   small-registry pg_throttle preloaded, pg_throttle.max_entries = 100
 #   crash PHASE    pg_throttle preloaded, on a cluster the suite crashes itself (one per
 #                  fault: backend, postmaster, damaged-checkpoint)
@@ -33,6 +33,8 @@ main)
     run_suite queue prove prove --verbose test/integration/queue.py || status=1
     run_suite security prove prove --verbose test/integration/security.py || status=1
     run_suite readme prove prove --verbose test/integration/readme_examples.py || status=1
+    run_suite version-features prove prove --verbose test/integration/version_features.py ||
+        status=1
     ;;
 small-registry)
     run_suite registry-full prove prove --verbose test/integration/registry_full.py || status=1
