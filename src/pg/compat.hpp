@@ -53,19 +53,55 @@ inline int compat_my_pgprocno() {
 }
 
 // Whether the walsenders wait for synchronous standbys. 15.13, 16.9 and 17.5
-// turned WalSndCtl's sync_standbys_defined into flags, with an "initialised"
-// bit; before the checkpointer has initialised them the setting decides.
+// turned WalSndCtl's bool sync_standbys_defined into a byte of flags,
+// sync_standbys_status, with an "initialised" bit; before the checkpointer
+// has initialised them the setting decides. The byte is in the same place in
+// both layouts, so the running server's minor version, not the headers the
+// module was built with, says how to read it.
+inline bool compat_server_has_sync_standbys_status() {
+    static int server_version = 0;  // server_version_num, read once
+    if (server_version == 0) {
+        const char* text = GetConfigOption("server_version_num", true, false);
+        server_version = text != nullptr ? atoi(text) : PG_VERSION_NUM;
+    }
+    const int v = server_version;
+    return (v >= 150013 && v < 160000) || (v >= 160009 && v < 170000) || v >= 170005;
+}
+
 inline bool compat_sync_standbys_defined() {
+    constexpr bits8 kInitialised = 1 << 0;  // SYNC_STANDBY_INIT
+    constexpr bits8 kDefined = 1 << 1;      // SYNC_STANDBY_DEFINED
+    auto* ctl = reinterpret_cast<volatile WalSndCtlData*>(WalSndCtl);
 #if (PG_VERSION_NUM >= 150013 && PG_VERSION_NUM < 160000) || \
     (PG_VERSION_NUM >= 160009 && PG_VERSION_NUM < 170000) || PG_VERSION_NUM >= 170005
-    const bits8 status = reinterpret_cast<volatile WalSndCtlData*>(WalSndCtl)->sync_standbys_status;
-    if ((status & SYNC_STANDBY_INIT) != 0) {
-        return (status & SYNC_STANDBY_DEFINED) != 0;
+    const bits8 raw = ctl->sync_standbys_status;
+#else
+    const bits8 raw = static_cast<bits8>(ctl->sync_standbys_defined);
+#endif
+    static_assert(sizeof(raw) == 1);
+    if (!compat_server_has_sync_standbys_status()) {
+        return raw != 0;  // the bool of the older layout
+    }
+    if ((raw & kInitialised) != 0) {
+        return (raw & kDefined) != 0;
     }
     return SyncRepStandbyNames != nullptr && SyncRepStandbyNames[0] != '\0';
+}
+
+// +1 for the interval 'infinity', -1 for '-infinity', 0 for a finite one.
+// 17 added infinite intervals; before, every interval is finite.
+inline int compat_interval_infinity(const Interval* interval) {
+#if PG_VERSION_NUM >= 170000
+    if (INTERVAL_IS_NOEND(interval)) {
+        return 1;
+    }
+    if (INTERVAL_IS_NOBEGIN(interval)) {
+        return -1;
+    }
 #else
-    return reinterpret_cast<volatile WalSndCtlData*>(WalSndCtl)->sync_standbys_defined;
+    (void)interval;
 #endif
+    return 0;
 }
 
 // Memory for a GUC check hook's "extra", which guc.c releases: with free()

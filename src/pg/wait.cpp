@@ -17,8 +17,7 @@ namespace {
 
 // Sleeps `wait_us` of real time. Whatever the extension's clock says (the
 // test clock stands still), the wait itself is measured on the real clock.
-void sleep_for(core::Micros wait_us) {
-    const uint32 event = wait_event_wait();
+void sleep_for(core::Micros wait_us, uint32 event) {
     const TimestampTz deadline = core::saturating_add(GetCurrentTimestamp(), wait_us);
     for (;;) {
         CHECK_FOR_INTERRUPTS();
@@ -36,9 +35,9 @@ void sleep_for(core::Micros wait_us) {
 
 // Only trivially destructible objects live here: PG_TRY is a sigsetjmp.
 void sleep_or_give_back(const BucketRequest& request, core::Micros reserved_tat,
-                        core::Micros wait_us) {
+                        core::Micros wait_us, uint32 event) {
     PG_TRY();
-    { sleep_for(wait_us); }
+    { sleep_for(wait_us, event); }
     PG_CATCH();
     {
         bucket_give_back(request, reserved_tat);
@@ -51,12 +50,14 @@ void sleep_or_give_back(const BucketRequest& request, core::Micros reserved_tat,
 // reserved, when that would take longer than `max_wait`. A peek (cost 0)
 // reserves nothing: it sleeps until one unit is available and takes none.
 bool wait_for(const BucketRequest& request, core::Micros max_wait) {
+    // Before reserving: naming the wait event can raise an error.
+    const uint32 event = wait_event_wait();
     const core::GcraDecision decision = bucket_reserve(request, clock_now(), max_wait);
     if (!decision.allowed) {
         return false;  // the wait would exceed the timeout: nothing reserved
     }
     if (decision.retry_after > 0) {
-        sleep_or_give_back(request, decision.tat, decision.retry_after);
+        sleep_or_give_back(request, decision.tat, decision.retry_after, event);
     }
     return true;
 }

@@ -37,6 +37,16 @@ WaiterSlot* my_waiter_slot() {
     return &slots[slot];
 }
 
+void waiter_slot_check() {
+    const int slot = compat_my_backend_slot();
+    if (slot <= 0 || slot >= slot_count) {
+        ereport(
+            ERROR,
+            (errcode(ERRCODE_INTERNAL_ERROR), errmsg("this process has no pg_throttle waiter slot"),
+             errdetail("Its backend slot %d is outside 1 .. %d.", slot, slot_count - 1)));
+    }
+}
+
 void waiter_enqueue(RegistryEntry* entry, int64 ttl, const char* holder, Oid role) {
     WaiterSlot* slot = my_waiter_slot();
     LWLockAcquire(registry_waiters_lock(), LW_EXCLUSIVE);

@@ -34,6 +34,10 @@ void waiters_attach_shmem();
 // This backend's slot.
 WaiterSlot* my_waiter_slot();
 
+// Raises an error unless this process has a waiter slot (every process that
+// runs SQL has one). Call before taking any LWLock.
+void waiter_slot_check();
+
 // Queues this backend for `entry` and counts it (caller holds the entry's
 // partition lock exclusively; takes the waiters lock itself).
 void waiter_enqueue(RegistryEntry* entry, int64 ttl, const char* holder, Oid role);

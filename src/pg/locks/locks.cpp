@@ -510,8 +510,12 @@ int64 lock_take(const RegistryKey& key, int64 ttl, core::Micros wait_us, const H
         remember_session_lock(key);  // before it can be granted, even while waiting
     }
     const Oid role = registry_caller_role(static_cast<EntryKind>(key.kind));
-    // Before queueing: naming the wait event can raise an error.
-    const uint32 event = wait_us > 0 ? wait_event_lock() : 0;
+    // Before queueing: these can raise an error.
+    uint32 event = 0;
+    if (wait_us > 0) {
+        waiter_slot_check();
+        event = wait_event_lock();
+    }
     LockCall call{};
     do {
         fence_reserve_ahead();
