@@ -1,5 +1,7 @@
 #include "pg/arguments.hpp"
 
+#include "pg/compat.hpp"
+
 namespace pg_throttle::pg {
 
 void require_not_null(FunctionCallInfo fcinfo, int n, const char* what) {
@@ -10,6 +12,14 @@ void require_not_null(FunctionCallInfo fcinfo, int n, const char* what) {
 }
 
 core::Micros positive_interval(const Interval* interval, const char* what) {
+    if (compat_interval_infinity(interval) > 0) {
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("%s must be a finite interval", what)));
+    }
+    if (compat_interval_infinity(interval) < 0) {
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("%s must be a positive interval", what)));
+    }
     const auto micros = core::interval_to_micros(interval->month, interval->day, interval->time);
     if (!micros.has_value()) {
         ereport(ERROR,
@@ -27,6 +37,13 @@ core::Micros optional_wait(FunctionCallInfo fcinfo, int n, const char* what) {
         return core::kNever;
     }
     const Interval* interval = PG_GETARG_INTERVAL_P(n);
+    if (compat_interval_infinity(interval) > 0) {
+        return core::kNever;  // 'infinity': no limit, as NULL
+    }
+    if (compat_interval_infinity(interval) < 0) {
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("%s must not be negative", what)));
+    }
     const auto micros = core::interval_to_micros(interval->month, interval->day, interval->time);
     if (!micros.has_value()) {
         ereport(ERROR,

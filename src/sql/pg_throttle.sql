@@ -12,7 +12,7 @@ CREATE TABLE throttle.resource (
     name    text PRIMARY KEY
             CHECK (name <> '' AND octet_length(name) <= 200),
     every   interval NOT NULL
-            CHECK (every > interval '0'),
+            CHECK (every > interval '0' AND isfinite(every)),
     comment text
 );
 COMMENT ON TABLE throttle.resource IS
@@ -40,7 +40,7 @@ CREATE TABLE throttle.bucket (
     name    text PRIMARY KEY
             CHECK (name <> '' AND octet_length(name) <= 200),
     rate    integer NOT NULL CHECK (rate > 0),
-    per     interval NOT NULL CHECK (per > interval '0'),
+    per     interval NOT NULL CHECK (per > interval '0' AND isfinite(per)),
     burst   integer CHECK (burst > 0),
     comment text
 );

@@ -91,9 +91,12 @@ BEGIN
     IF value <= interval '0' THEN
         RAISE EXCEPTION '% must be a positive interval', what USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF NOT isfinite(value) THEN  -- PostgreSQL 17 and later have 'infinity'
+        RAISE EXCEPTION '% must be a finite interval', what USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 END
 $$;
-COMMENT ON FUNCTION throttle._positive(interval, text) IS 'Internal: raises 22004 or 22023 unless the interval is positive.';
+COMMENT ON FUNCTION throttle._positive(interval, text) IS 'Internal: raises 22004 or 22023 unless the interval is positive and finite.';
 
 -- A group's lease: in shared memory, a kind of its own (no throttle.lock name
 -- reaches it), not journaled: the claimed rows are the durable truth.
@@ -417,6 +420,9 @@ BEGIN
     PERFORM throttle._require(ids, 'ids'), throttle._require(worker, 'worker');
     IF retry_in IS NOT NULL AND retry_in < interval '0' THEN
         RAISE EXCEPTION 'retry_in must not be negative' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF retry_in IS NOT NULL AND NOT isfinite(retry_in) THEN
+        RAISE EXCEPTION 'retry_in must be a finite interval' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     WITH failed AS (
         UPDATE throttle.event e
