@@ -1,15 +1,19 @@
 # Debian trees for the PostgreSQL versions this machine's Debian does not ship:
 # a `debootstrap --variant=minbase` tree of the release that ships the
-# version, entered with chroot. Sourced by scripts/test.sh; run it as
+# version, entered with chroot. Sourced by scripts/test.sh, which runs
+#   bash scripts/debian_tree.sh run DIR COMMAND...
+# in a mount namespace of its own (unshare), so that the tree's mounts are
+# never seen outside it and vanish with it, even when the run is killed.
 #   bash scripts/debian_tree.sh remove SUITE
-# to delete a cached tree safely (its mounts are undone first).
+# deletes a cached tree safely.
 #
 # Trees are cached in $PG_THROTTLE_TREES (/var/cache/pg_throttle/trees), one
 # folder per Debian suite, outside the repository. A tree is made from nothing
-# when its folder is missing; a half-made one is never used.
+# when its folder is missing; a half-made one is never used. One run at a time
+# uses a tree: it holds $PG_THROTTLE_TREES/SUITE.lock (flock).
 # shellcheck shell=bash
 
-PG_THROTTLE_TREES=${PG_THROTTLE_TREES:-/var/cache/pg_throttle/trees}
+PG_THROTTLE_TREES=$(realpath -m "${PG_THROTTLE_TREES:-/var/cache/pg_throttle/trees}")
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 # The Debian suite whose own packages hold PostgreSQL $1 (none for 16).
@@ -82,14 +86,37 @@ tree_delete() {
     rm -rf --one-file-system "$dir"
 }
 
-# Mounts what a server and the test clients need inside tree $1.
+# Mounts what a server and the test clients need inside tree $1. Run it in a
+# mount namespace of its own (tree_enter), never in the machine's.
 tree_mount() {
     local dir=$1
-    mount -t proc proc "$dir/proc"
-    mount --bind /dev "$dir/dev"
-    mount --bind /dev/pts "$dir/dev/pts"
-    mount -t tmpfs -o mode=1777 shm "$dir/dev/shm"
-    cp -L /etc/resolv.conf "$dir/etc/resolv.conf" 2>/dev/null || true
+    mount -t proc proc "$dir/proc" || return 1
+    mount --bind /dev "$dir/dev" || return 1
+    mount --make-private "$dir/dev" || return 1
+    mount --bind /dev/pts "$dir/dev/pts" || return 1
+    mount -t tmpfs -o mode=1777 shm "$dir/dev/shm" || return 1
+    rm -f "$dir/etc/resolv.conf"
+    cp /etc/resolv.conf "$dir/etc/resolv.conf" 2>/dev/null || true
+}
+
+# Runs COMMAND... as root inside tree $1, in a mount namespace of its own;
+# stops whatever it left running inside the tree. Returns its exit status.
+tree_enter() {
+    local dir=$1 rc=0
+    shift
+    unshare --mount --propagation private -- bash "${BASH_SOURCE[0]}" run "$dir" "$@" || rc=$?
+    tree_kill_processes "$dir"
+    return $rc
+}
+
+# Holds the lock of tree $1 (a Debian suite) on file descriptor 9.
+tree_lock() {
+    mkdir -p "$PG_THROTTLE_TREES"
+    exec 9>"$PG_THROTTLE_TREES/$1.lock"
+    flock -w 3600 9 || {
+        echo "the $1 tree is busy: another run has held it for an hour" >&2
+        return 1
+    }
 }
 
 # Makes tree $1 (a Debian suite) unless it is there and whole.
@@ -139,7 +166,7 @@ tree_run() {
     shift
     local env=(HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}"
         PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)
-    for name in CI SOAK_CYCLES SOAK_SEED; do
+    for name in CI SOAK_CYCLES SOAK_SEED SOAK_PORT; do
         [ -n "${!name:-}" ] && env+=("$name=${!name}")
     done
     chroot "$dir" /usr/bin/env -i "${env[@]}" "$@"
@@ -148,8 +175,18 @@ tree_run() {
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     set -euo pipefail
     case "${1:-}" in
+    run)  # inside tree_enter's mount namespace
+        dir=${2:?run DIR COMMAND...}
+        shift 2
+        tree_mount "$dir"
+        tree_run "$dir" "$@" 9>&-
+        ;;
     remove)
-        tree_delete "$(tree_dir "${2:?remove SUITE: bookworm, trixie or sid}")"
+        suite=${2:?remove SUITE: bookworm, trixie or sid}
+        tree_lock "$suite"
+        tree_kill_processes "$(tree_dir "$suite")"
+        tree_delete "$(tree_dir "$suite")"
+        tree_delete "$(tree_dir "$suite").new"
         ;;
     *)
         echo "usage: bash scripts/debian_tree.sh remove SUITE" >&2

@@ -37,6 +37,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ ${#versions[@]} -gt 0 ] || versions=(15 17 18)
+mapfile -t versions < <(printf '%s\n' "${versions[@]}" | awk '!seen[$0]++')
 
 source "$HERE/debian_tree.sh"
 needs_tree=no
@@ -83,18 +84,15 @@ run_version() {
     else
         suite=$(debian_suite_for "$v")
         dir=$(tree_dir "$suite")
-        mkdir -p "$PG_THROTTLE_TREES"
         (
-            flock 9
+            tree_lock "$suite" || exit 1
             tree_ensure "$suite" || exit 1
-            trap 'tree_unmount "$dir"' EXIT
-            tree_mount "$dir" || exit 1
             tree_copy_source "$ROOT" "$dir"
             : >"$dir/build/results"
-            tree_run "$dir" env PG_MAJOR="$v" PG_THROTTLE_RESULTS=/build/results \
+            tree_enter "$dir" env PG_MAJOR="$v" PG_THROTTLE_RESULTS=/build/results \
                 bash /build/pg_throttle/scripts/test-version.sh
             cat "$dir/build/results" >"$own"
-        ) 9>"$PG_THROTTLE_TREES/$suite.lock"
+        )
     fi
     sed "s|^|$v/|" "$own" >>"$results"
     rm -f "$own"
@@ -108,17 +106,23 @@ done
 
 # Each version runs unit, cmake and the server suites (test/run-server-profiles.sh).
 suites_per_version=21
-expected_suites=$((version_independent_suites + suites_per_version * ${#versions[@]}))
 echo
 echo "Suites:"
 awk '{printf "  %-30s %4d passed, %d failed\n", $1, $2, $3}' "$results"
-suites=$(wc -l <"$results")
 passed=$(awk '{s += $2} END {print s + 0}' "$results")
 failed=$(awk '{s += $3} END {print s + 0}' "$results")
-if [ "$suites" -ne "$expected_suites" ]; then
-    echo "  only $suites of $expected_suites suites reported"
-    failed=$((failed + expected_suites - suites))
-fi
+# Every version must report each of its suites once, and nothing else.
+check_count() {
+    local what=$1 have=$2 want=$3
+    if [ "$have" -ne "$want" ]; then
+        echo "  $what: $have suites reported, $want expected"
+        failed=$((failed + (have > want ? have - want : want - have)))
+    fi
+}
+check_count "lint and meta" "$(grep -cv '^[0-9][0-9]*/' "$results")" "$version_independent_suites"
+for v in "${versions[@]}"; do
+    check_count "PostgreSQL $v" "$(grep -c "^$v/" "$results")" "$suites_per_version"
+done
 echo "PostgreSQL ${versions[*]}: $SECONDS s in all"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
