@@ -75,6 +75,10 @@ soak:
 	/usr/bin/python3 test/soak/soak.py --cycles $(SOAK_CYCLES) --summary build/soak.json
 
 # Benchmarks against SELECT 1 and the SQL recipes (bench/run.sh).
-.PHONY: bench
+.PHONY: bench bench-versions
 bench:
 	bash bench/run.sh
+
+# The hot paths against SELECT 1 on PostgreSQL 15, 17 and 18 (bench/versions.sh).
+bench-versions:
+	bash bench/versions.sh
