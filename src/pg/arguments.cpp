@@ -11,25 +11,32 @@ void require_not_null(FunctionCallInfo fcinfo, int n, const char* what) {
     }
 }
 
-core::Micros positive_interval(const Interval* interval, const char* what) {
-    if (compat_interval_infinity(interval) > 0) {
-        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                        errmsg("%s must be a finite interval", what)));
-    }
-    if (compat_interval_infinity(interval) < 0) {
-        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                        errmsg("%s must be a positive interval", what)));
-    }
+namespace {
+
+// A finite interval in microseconds; raises 22008 when it does not fit.
+core::Micros finite_micros(const Interval* interval, const char* what) {
     const auto micros = core::interval_to_micros(interval->month, interval->day, interval->time);
     if (!micros.has_value()) {
         ereport(ERROR,
                 (errcode(ERRCODE_DATETIME_FIELD_OVERFLOW), errmsg("%s is out of range", what)));
     }
-    if (*micros <= 0) {
+    return *micros;
+}
+
+}  // namespace
+
+core::Micros positive_interval(const Interval* interval, const char* what) {
+    const int infinity = compat_interval_infinity(interval);
+    if (infinity > 0) {
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("%s must be a finite interval", what)));
+    }
+    const core::Micros micros = infinity < 0 ? -1 : finite_micros(interval, what);
+    if (micros <= 0) {
         ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
                         errmsg("%s must be a positive interval", what)));
     }
-    return *micros;
+    return micros;
 }
 
 core::Micros optional_wait(FunctionCallInfo fcinfo, int n, const char* what) {
@@ -37,23 +44,16 @@ core::Micros optional_wait(FunctionCallInfo fcinfo, int n, const char* what) {
         return core::kNever;
     }
     const Interval* interval = PG_GETARG_INTERVAL_P(n);
-    if (compat_interval_infinity(interval) > 0) {
+    const int infinity = compat_interval_infinity(interval);
+    if (infinity > 0) {
         return core::kNever;  // 'infinity': no limit, as NULL
     }
-    if (compat_interval_infinity(interval) < 0) {
+    const core::Micros micros = infinity < 0 ? -1 : finite_micros(interval, what);
+    if (micros < 0) {
         ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
                         errmsg("%s must not be negative", what)));
     }
-    const auto micros = core::interval_to_micros(interval->month, interval->day, interval->time);
-    if (!micros.has_value()) {
-        ereport(ERROR,
-                (errcode(ERRCODE_DATETIME_FIELD_OVERFLOW), errmsg("%s is out of range", what)));
-    }
-    if (*micros < 0) {
-        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                        errmsg("%s must not be negative", what)));
-    }
-    return *micros;
+    return micros;
 }
 
 void clip_text(const text* value, size_t limit, char* out) {

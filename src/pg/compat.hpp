@@ -58,22 +58,23 @@ inline int compat_my_pgprocno() {
 // has initialised them the setting decides. The byte is in the same place in
 // both layouts, so the running server's minor version, not the headers the
 // module was built with, says how to read it.
+#define PG_THROTTLE_HAS_SYNC_STANDBYS_STATUS(v) \
+    (((v) >= 150013 && (v) < 160000) || ((v) >= 160009 && (v) < 170000) || (v) >= 170005)
+
 inline bool compat_server_has_sync_standbys_status() {
     static int server_version = 0;  // server_version_num, read once
     if (server_version == 0) {
         const char* text = GetConfigOption("server_version_num", true, false);
         server_version = text != nullptr ? atoi(text) : PG_VERSION_NUM;
     }
-    const int v = server_version;
-    return (v >= 150013 && v < 160000) || (v >= 160009 && v < 170000) || v >= 170005;
+    return PG_THROTTLE_HAS_SYNC_STANDBYS_STATUS(server_version);
 }
 
 inline bool compat_sync_standbys_defined() {
     constexpr bits8 kInitialised = 1 << 0;  // SYNC_STANDBY_INIT
     constexpr bits8 kDefined = 1 << 1;      // SYNC_STANDBY_DEFINED
     auto* ctl = reinterpret_cast<volatile WalSndCtlData*>(WalSndCtl);
-#if (PG_VERSION_NUM >= 150013 && PG_VERSION_NUM < 160000) || \
-    (PG_VERSION_NUM >= 160009 && PG_VERSION_NUM < 170000) || PG_VERSION_NUM >= 170005
+#if PG_THROTTLE_HAS_SYNC_STANDBYS_STATUS(PG_VERSION_NUM)
     const bits8 raw = ctl->sync_standbys_status;
 #else
     const bits8 raw = static_cast<bits8>(ctl->sync_standbys_defined);
