@@ -52,37 +52,15 @@ case "${1:-}" in
     ;;
 esac
 
-versions=()
-while [ $# -gt 0 ]; do
-    case "$1" in
-    --pg) versions+=("${2:?--pg VERSION}") && shift 2 ;;
-    *) echo "usage: bash bench/versions.sh [--pg VERSION]..." >&2 && exit 2 ;;
-    esac
-done
-[ ${#versions[@]} -gt 0 ] || versions=(15 17 18)
-
-source "$HERE/../scripts/debian_tree.sh"
-ROOT=$(cd "$HERE/.." && pwd)
+source "$HERE/../scripts/lib.sh"
+source "$HERE/../scripts/versions.sh"
+parse_pg_flags "bash bench/versions.sh [--pg VERSION]..." "$@"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 for v in "${versions[@]}"; do
     echo "PostgreSQL $v ..." >&2
-    if runs_natively "$v"; then
-        PG_MAJOR=$v bash "$HERE/versions.sh" --version >"$out/$v"
-    else
-        suite=$(debian_suite_for "$v")
-        dir=$(tree_dir "$suite")
-        (
-            tree_lock "$suite"
-            tree_ensure "$suite"
-            tree_copy_source "$ROOT" "$dir"
-            tree_enter "$dir" env PG_MAJOR="$v" bash /build/pg_throttle/bench/versions.sh --version
-        ) >"$out/$v"
-    fi
+    run_on_version "$v" bench/versions.sh --version >"$out/$v"
 done
-# The native build must match the machine's own version again.
-source "$ROOT/scripts/lib.sh"
-build_and_install >/dev/null 2>&1 || true
 
 echo
 echo "pgbench -M prepared, ${BENCH_CLIENTS:-8} clients, ${BENCH_THREADS:-2} threads," \

@@ -2,13 +2,15 @@
 # shellcheck shell=bash
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# Which Debian release ships which version, and the trees for the others.
+source "$ROOT/scripts/debian_tree.sh"
 
 # The PostgreSQL major versions pg_throttle builds for (src/pg/compat.hpp).
 SUPPORTED_PG_MAJORS=(15 16 17 18)
 
 # The version to build and test for when PG_MAJOR does not say: the newest
 # supported server installed here, else the one this Debian release ships
-# (Debian 12 bookworm: 15, 13 trixie: 17, sid: 18).
+# (debian_suite_for).
 default_pg_major() {
     local v
     for v in $(printf '%s\n' "${SUPPORTED_PG_MAJORS[@]}" | sort -rn); do
@@ -18,14 +20,17 @@ default_pg_major() {
         fi
     done
     v=$(apt-cache depends postgresql 2>/dev/null | sed -n 's/^ *Depends: postgresql-\([0-9][0-9]*\)$/\1/p' | head -1)
-    if [ -z "$v" ]; then  # no package lists yet: the release's own version
-        case "$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")" in
-        trixie) v=17 ;;
-        forky | sid) v=18 ;;
-        *) v=15 ;;
-        esac
+    if [ -n "$v" ]; then
+        echo "$v"
+        return
     fi
-    echo "$v"
+    for v in "${SUPPORTED_PG_MAJORS[@]}"; do  # no package lists yet: the release's own
+        if [ "$(debian_suite_for "$v")" = "$(host_debian_suite)" ]; then
+            echo "$v"
+            return
+        fi
+    done
+    echo 15
 }
 
 is_supported_pg_major() {

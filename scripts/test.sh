@@ -18,43 +18,13 @@
 # on failure.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-
-versions=()
-while [ $# -gt 0 ]; do
-    case "$1" in
-    --pg)
-        versions+=("${2:?--pg VERSION: 15, 17 or 18}")
-        shift 2
-        ;;
-    --pg=*)
-        versions+=("${1#--pg=}")
-        shift
-        ;;
-    *)
-        echo "usage: bash scripts/test.sh [--pg VERSION]..." >&2
-        exit 2
-        ;;
-    esac
-done
-[ ${#versions[@]} -gt 0 ] || versions=(15 17 18)
-mapfile -t versions < <(printf '%s\n' "${versions[@]}" | awk '!seen[$0]++')
-
-source "$HERE/debian_tree.sh"
-needs_tree=no
-for v in "${versions[@]}"; do
-    if ! runs_natively "$v"; then
-        if ! debian_suite_for "$v" >/dev/null; then
-            echo "PostgreSQL $v: no Debian release ships it, and it is not installed here" >&2
-            exit 2
-        fi
-        needs_tree=yes
-    fi
-done
+source "$HERE/lib.sh"
+source "$HERE/versions.sh"
+parse_pg_flags "bash scripts/test.sh [--pg VERSION]..." "$@"
 
 # The host's own packages: lint, the build, and debootstrap when a tree is needed.
-source "$HERE/lib.sh"
 set -e
-if [ "$needs_tree" = yes ]; then
+if versions_need_a_tree; then
     install_missing_packages "${LINT_PACKAGES[@]}" debootstrap
 else
     install_missing_packages "${LINT_PACKAGES[@]}"
@@ -76,26 +46,11 @@ version_independent_suites=4
 # run_version V: every version-dependent suite for PostgreSQL V; its counts
 # are added to $results as "V/suite passed failed".
 run_version() {
-    local v=$1 suite dir own
-    own=$(mktemp)
-    chmod 644 "$own"
-    if runs_natively "$v"; then
-        PG_MAJOR=$v PG_THROTTLE_RESULTS=$own bash "$ROOT/scripts/test-version.sh"
-    else
-        suite=$(debian_suite_for "$v")
-        dir=$(tree_dir "$suite")
-        (
-            tree_lock "$suite" || exit 1
-            tree_ensure "$suite" || exit 1
-            tree_copy_source "$ROOT" "$dir"
-            : >"$dir/build/results"
-            tree_enter "$dir" env PG_MAJOR="$v" PG_THROTTLE_RESULTS=/build/results \
-                bash /build/pg_throttle/scripts/test-version.sh
-            cat "$dir/build/results" >"$own"
-        )
-    fi
-    sed "s|^|$v/|" "$own" >>"$results"
-    rm -f "$own"
+    local v=$1 counts
+    counts="$(version_source_dir "$v")/build/results"
+    rm -f "$counts"  # a run that fails early must not be credited with an older one's counts
+    run_on_version "$v" scripts/test-version.sh --results build/results
+    [ -f "$counts" ] && sed "s|^|$v/|" "$counts" >>"$results"
 }
 
 for v in "${versions[@]}"; do
