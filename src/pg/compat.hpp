@@ -52,41 +52,31 @@ inline int compat_my_pgprocno() {
 #endif
 }
 
-// Whether the walsenders wait for synchronous standbys. 15.13, 16.9 and 17.5
-// turned WalSndCtl's bool sync_standbys_defined into a byte of flags,
-// sync_standbys_status, with an "initialised" bit; before the checkpointer
-// has initialised them the setting decides. The byte is in the same place in
-// both layouts, so the running server's minor version, not the headers the
-// module was built with, says how to read it.
-#define PG_THROTTLE_HAS_SYNC_STANDBYS_STATUS(v) \
-    (((v) >= 150013 && (v) < 160000) || ((v) >= 160009 && (v) < 170000) || (v) >= 170005)
-
-inline bool compat_server_has_sync_standbys_status() {
-    static int server_version = 0;  // server_version_num, read once
-    if (server_version == 0) {
+// The running server's server_version_num, which may be a later minor
+// release than the headers the module was built with (PG_VERSION_NUM).
+inline int compat_server_version_num() {
+    static int version = 0;  // read once
+    if (version == 0) {
         const char* text = GetConfigOption("server_version_num", true, false);
-        server_version = text != nullptr ? atoi(text) : PG_VERSION_NUM;
+        version = text != nullptr ? atoi(text) : PG_VERSION_NUM;
     }
-    return PG_THROTTLE_HAS_SYNC_STANDBYS_STATUS(server_version);
+    return version;
 }
 
-inline bool compat_sync_standbys_defined() {
-    constexpr bits8 kInitialised = 1 << 0;  // SYNC_STANDBY_INIT
-    constexpr bits8 kDefined = 1 << 1;      // SYNC_STANDBY_DEFINED
+// The byte WalSndCtl keeps for "are there synchronous standbys", read as a
+// byte: headers older than 15.13, 16.9 and 17.5 name it as a bool
+// (sync_standbys_defined), newer ones as flags (sync_standbys_status), and
+// a module built against the older headers may run on a newer server, which
+// writes flags into it. core/sync_standbys.hpp decides what it means.
+inline uint8 compat_sync_standbys_byte() {
     auto* ctl = reinterpret_cast<volatile WalSndCtlData*>(WalSndCtl);
-#if PG_THROTTLE_HAS_SYNC_STANDBYS_STATUS(PG_VERSION_NUM)
-    const bits8 raw = ctl->sync_standbys_status;
+#if (PG_VERSION_NUM >= 150013 && PG_VERSION_NUM < 160000) || \
+    (PG_VERSION_NUM >= 160009 && PG_VERSION_NUM < 170000) || PG_VERSION_NUM >= 170005
+    const volatile void* byte = &ctl->sync_standbys_status;
 #else
-    const bits8 raw = static_cast<bits8>(ctl->sync_standbys_defined);
+    const volatile void* byte = &ctl->sync_standbys_defined;
 #endif
-    static_assert(sizeof(raw) == 1);
-    if (!compat_server_has_sync_standbys_status()) {
-        return raw != 0;  // the bool of the older layout
-    }
-    if ((raw & kInitialised) != 0) {
-        return (raw & kDefined) != 0;
-    }
-    return SyncRepStandbyNames != nullptr && SyncRepStandbyNames[0] != '\0';
+    return *static_cast<const volatile uint8*>(byte);
 }
 
 // +1 for the interval 'infinity', -1 for '-infinity', 0 for a finite one.

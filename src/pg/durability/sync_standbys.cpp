@@ -1,6 +1,8 @@
-#include "pg/durability/sync_standbys.hpp"
+// The pure core first: it refuses to compile after PostgreSQL's headers.
+#include "core/sync_standbys.hpp"
 
 #include "pg/compat.hpp"
+#include "pg/durability/sync_standbys.hpp"
 
 extern "C" {
 #include "access/xlog.h"
@@ -19,6 +21,15 @@ XLogRecPtr confirmed_flush() {
     return confirmed;
 }
 
+// Whether the walsenders wait for synchronous standbys, read the way the
+// running server's minor version (server_version_num) says.
+bool sync_standbys_defined() {
+    const bool names_set = SyncRepStandbyNames != nullptr && SyncRepStandbyNames[0] != '\0';
+    return core::sync_standbys_defined(
+        compat_sync_standbys_byte(),
+        core::server_has_sync_standbys_flags(compat_server_version_num()), names_set);
+}
+
 }  // namespace
 
 void wait_for_sync_standbys(XLogRecPtr lsn) {
@@ -31,7 +42,7 @@ void wait_for_sync_standbys(XLogRecPtr lsn) {
     // commit has happened). Here nothing has been promised yet, so the wait
     // is our own: poll the confirmed position, and let a cancel raise.
     for (;;) {
-        if (!compat_sync_standbys_defined() || confirmed_flush() >= lsn) {
+        if (!sync_standbys_defined() || confirmed_flush() >= lsn) {
             return;
         }
         CHECK_FOR_INTERRUPTS();
