@@ -505,17 +505,14 @@ void refuse_on_standby() {
 
 int64 lock_take(const RegistryKey& key, int64 ttl, core::Micros wait_us, const Holder& holder) {
     refuse_on_standby();
+    waiter_slot_check();  // release_at_exit and a wait both use this backend's slot
     register_exit_callback();
     if (ttl == 0) {
         remember_session_lock(key);  // before it can be granted, even while waiting
     }
     const Oid role = registry_caller_role(static_cast<EntryKind>(key.kind));
-    // Before queueing: these can raise an error.
-    uint32 event = 0;
-    if (wait_us > 0) {
-        waiter_slot_check();
-        event = wait_event_lock();
-    }
+    // Before queueing: naming the wait event can raise an error.
+    const uint32 event = wait_us > 0 ? wait_event_lock() : 0;
     LockCall call{};
     do {
         fence_reserve_ahead();
