@@ -5,19 +5,14 @@
 # builds and installs pg_throttle for PG_MAJOR, then runs the core's unit
 # tests, the CMake build, and on throwaway clusters pg_regress, pgTAP, the
 # integration tests, the crash, restart and failover tests and the soak test.
-#   bash scripts/test-version.sh --results FILE
-# Each suite's counts go to FILE (relative to the repository) as
-# "suite passed failed"; the file is emptied first.
+# The last lines are the suites' counts, "==== counts: suite passed failed",
+# which scripts/test.sh reads from this run's own output.
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
-[ "${1:-}" = --results ] && [ -n "${2:-}" ] || {
-    echo "usage: bash scripts/test-version.sh --results FILE" >&2
-    exit 2
-}
 export PG_THROTTLE_RESULTS
-PG_THROTTLE_RESULTS=$(realpath -m "$ROOT/$2")
-mkdir -p "$(dirname "$PG_THROTTLE_RESULTS")"
-: >"$PG_THROTTLE_RESULTS"
+PG_THROTTLE_RESULTS=$(mktemp)
+trap 'rm -f "$PG_THROTTLE_RESULTS"' EXIT
+chmod 644 "$PG_THROTTLE_RESULTS"
 set -e
 install_missing_packages
 build_and_install
@@ -29,4 +24,5 @@ echo "==== PostgreSQL $PG_MAJOR: $(pg_config --version)"
 run_suite unit gtest make -s unit
 run_suite cmake count scripts/cmake-build.sh
 test/run-server-profiles.sh
+sed 's/^/==== counts: /' "$PG_THROTTLE_RESULTS"
 exit 0

@@ -43,14 +43,15 @@ PG_THROTTLE_RESULTS=$results run_suite compat-layer count make -s compat-check
 PG_THROTTLE_RESULTS=$results run_suite meta prove prove test/check_meta.py
 version_independent_suites=4
 
-# run_version V: every version-dependent suite for PostgreSQL V; its counts
-# are added to $results as "V/suite passed failed".
+# run_version V: every version-dependent suite for PostgreSQL V; the counts
+# it prints last are added to $results as "V/suite passed failed". They are
+# read from this run's own output, never from a file another run could share.
 run_version() {
-    local v=$1 counts
-    counts="$(version_source_dir "$v")/build/results"
-    rm -f "$counts"  # a run that fails early must not be credited with an older one's counts
-    run_on_version "$v" scripts/test-version.sh --results build/results
-    [ -f "$counts" ] && sed "s|^|$v/|" "$counts" >>"$results"
+    local v=$1 log
+    log=$(mktemp)
+    run_on_version "$v" scripts/test-version.sh | tee "$log"
+    sed -n "s|^==== counts: \([^ ]* [0-9]* [0-9]*\)\$|$v/\1|p" "$log" >>"$results"
+    rm -f "$log"
 }
 
 for v in "${versions[@]}"; do
@@ -66,17 +67,24 @@ echo "Suites:"
 awk '{printf "  %-30s %4d passed, %d failed\n", $1, $2, $3}' "$results"
 passed=$(awk '{s += $2} END {print s + 0}' "$results")
 failed=$(awk '{s += $3} END {print s + 0}' "$results")
-# Every version must report each of its suites once, and nothing else.
+# Every version must report each of its suites once, and nothing else: a
+# missing suite, an extra one and one reported twice each count as failures.
 check_count() {
-    local what=$1 have=$2 want=$3
+    local what=$1 lines=$2 want=$3 names have
+    names=$(awk '{print $1}' <<<"$lines" | sed '/^$/d')
+    have=$(sort -u <<<"$names" | sed '/^$/d' | wc -l)
     if [ "$have" -ne "$want" ]; then
         echo "  $what: $have suites reported, $want expected"
         failed=$((failed + (have > want ? have - want : want - have)))
     fi
+    if [ "$(wc -l <<<"$names" | sed 's/ //g')" -ne "$have" ] && [ -n "$names" ]; then
+        echo "  $what: a suite reported more than once"
+        failed=$((failed + $(wc -l <<<"$names") - have))
+    fi
 }
-check_count "lint and meta" "$(grep -cv '^[0-9][0-9]*/' "$results")" "$version_independent_suites"
+check_count "lint and meta" "$(grep -v '^[0-9][0-9]*/' "$results")" "$version_independent_suites"
 for v in "${versions[@]}"; do
-    check_count "PostgreSQL $v" "$(grep -c "^$v/" "$results")" "$suites_per_version"
+    check_count "PostgreSQL $v" "$(grep "^$v/" "$results")" "$suites_per_version"
 done
 echo "PostgreSQL ${versions[*]}: $SECONDS s in all"
 echo "$passed passed, $failed failed"

@@ -39,16 +39,6 @@ versions_need_a_tree() {
     return 1
 }
 
-# The source folder a run for PostgreSQL $1 uses: this repository natively,
-# the tree's copy of it otherwise. Files a run writes under it are read here.
-version_source_dir() {
-    if runs_natively "$1"; then
-        echo "$ROOT"
-    else
-        echo "$(tree_dir "$(debian_suite_for "$1")")/build/pg_throttle"
-    fi
-}
-
 # run_on_version V SCRIPT ARGS...: runs `bash SCRIPT ARGS...` (SCRIPT a path in
 # the repository) with PG_MAJOR=V, natively, or inside V's tree on a fresh
 # copy of the source, holding the tree's lock. Its output passes through;
