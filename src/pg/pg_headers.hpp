@@ -17,9 +17,12 @@ extern "C" {
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "commands/dbcommands.h"
+#include "common/cryptohash.h"
 #include "common/hashfn.h"
+#include "common/sha2.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"

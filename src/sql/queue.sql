@@ -40,7 +40,7 @@ CREATE TABLE throttle.event (
 );
 COMMENT ON TABLE throttle.event IS
     'The scheduled event queue. state: pending (waits for run_at), claimed (a worker holds it until lease_until), done, dead (max_attempts used up; throttle.retry brings it back), cancelled. Rows are kept until throttle.purge.';
-COMMENT ON COLUMN throttle.event.item_key IS 'Natural key, unique among the unfinished (pending or claimed) events of a queue.';
+COMMENT ON COLUMN throttle.event.item_key IS 'Natural key, unique among the pending events of a queue. A claimed event may have one pending successor with its key, which no worker gets before the claimed one ends.';
 COMMENT ON COLUMN throttle.event.group_key IS 'Events of one group are claimed together by throttle.claim_group, by one worker at a time.';
 COMMENT ON COLUMN throttle.event.attempts IS 'Claims so far; a claim beyond max_attempts makes the event dead.';
 COMMENT ON COLUMN throttle.event.claim_token IS 'Fence token of the current claim (the group lease''s token for group claims).';
@@ -50,8 +50,10 @@ COMMENT ON COLUMN throttle.event.claim_token IS 'Fence token of the current clai
 -- look events up by id; they test the state as upper(state) so that the
 -- planner cannot pick a partial index on state instead, which under churn
 -- holds many dead entries until vacuum.
-CREATE UNIQUE INDEX event_unfinished_key ON throttle.event (queue, item_key)
-    WHERE state IN ('pending', 'claimed');
+CREATE UNIQUE INDEX event_pending_key ON throttle.event (queue, item_key)
+    WHERE state = 'pending';
+CREATE INDEX event_claimed_key ON throttle.event (queue, item_key)
+    WHERE state = 'claimed';
 CREATE INDEX event_due_single ON throttle.event (queue, run_at, id)
     WHERE state = 'pending' AND group_key IS NULL;
 CREATE INDEX event_due_grouped ON throttle.event (queue, run_at, id)
@@ -116,6 +118,14 @@ COMMENT ON FUNCTION throttle._group_release(text, text, bigint) IS
     'Internal: releases a group''s lease held with token.';
 REVOKE EXECUTE ON FUNCTION throttle._group_release(text, text, bigint) FROM PUBLIC;
 
+CREATE FUNCTION throttle._group_release_at_commit(queue text, group_key text, token bigint)
+RETURNS void
+AS 'MODULE_PATHNAME', 'pg_throttle_group_release_at_commit'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle._group_release_at_commit(text, text, bigint) IS
+    'Internal: releases a group''s lease held with token when the calling transaction commits.';
+REVOKE EXECUTE ON FUNCTION throttle._group_release_at_commit(text, text, bigint) FROM PUBLIC;
+
 CREATE FUNCTION throttle._group_renew(queue text, group_key text, token bigint, lease interval)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'pg_throttle_group_renew'
@@ -126,10 +136,10 @@ REVOKE EXECUTE ON FUNCTION throttle._group_renew(text, text, bigint, interval) F
 
 CREATE FUNCTION throttle._caller()
 RETURNS text
-LANGUAGE sql STABLE AS $$
-    SELECT current_user || coalesce(' (' || nullif(current_setting('application_name'), '') || ')', '')
-$$;
-COMMENT ON FUNCTION throttle._caller() IS 'Internal: who is calling, for enqueued_by.';
+AS 'MODULE_PATHNAME', 'pg_throttle_caller'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION throttle._caller() IS
+    'Internal: who is calling, for enqueued_by: the role the session acts as (not the owner of a SECURITY DEFINER function), and its application_name.';
 
 CREATE FUNCTION throttle.schedule(queue text, item_key text, run_at timestamptz,
                                   payload jsonb DEFAULT '{}', group_key text DEFAULT NULL,
@@ -157,7 +167,7 @@ BEGIN
     INSERT INTO throttle.event AS e (queue, item_key, group_key, payload, run_at, max_attempts,
                                      enqueued_at, enqueued_by)
     VALUES (queue, item_key, group_key, payload, run_at, max_attempts, now, throttle._caller())
-    ON CONFLICT (queue, item_key) WHERE state IN ('pending', 'claimed')
+    ON CONFLICT (queue, item_key) WHERE state = 'pending'
     DO UPDATE SET run_at = excluded.run_at, payload = excluded.payload
     RETURNING e.id INTO event_id;
     IF run_at <= now THEN
@@ -167,7 +177,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION throttle.schedule(text, text, timestamptz, jsonb, text, integer) IS
-    'Schedules an event, or, when item_key names an unfinished event of the queue, moves it to run_at with the new payload; returns its id. NOTIFYs the channel named after the queue when the event is due.';
+    'Schedules an event, or, when item_key names a pending event of the queue, moves it to run_at with the new payload; returns its id. When the event of item_key is claimed it is left alone and a new event is scheduled, which no worker gets before the claimed one ends. NOTIFYs the channel named after the queue when the event is due.';
 
 CREATE FUNCTION throttle.cancel(queue text, item_key text)
 RETURNS boolean
@@ -205,7 +215,9 @@ COMMENT ON FUNCTION throttle.reschedule(text, text, timestamptz) IS
     'Moves the pending event item_key of the queue to run_at; false when there is none.';
 
 -- Marks the events `ids` claimed by `worker` until now + lease with `token`;
--- an event whose attempts are used up becomes dead instead.
+-- an event whose attempts are used up becomes dead instead. The caller has
+-- locked the rows; an event that is neither pending nor claimed with an
+-- expired lease is left alone.
 CREATE FUNCTION throttle._mark_claimed(ids bigint[], worker text, lease interval, token bigint,
                                        now timestamptz)
 RETURNS SETOF throttle.event
@@ -214,11 +226,13 @@ LANGUAGE sql AS $$
         UPDATE throttle.event SET state = 'dead', completed_at = now,
                last_error = coalesce(last_error, 'lease expired ' || attempts || ' times')
         WHERE id = ANY (ids) AND attempts >= max_attempts
+          AND (state = 'pending' OR (state = 'claimed' AND lease_until <= now))
     )
     UPDATE throttle.event
     SET state = 'claimed', claimed_at = now, claimed_by = worker, lease_until = now + lease,
         claim_token = token, attempts = attempts + 1
     WHERE id = ANY (ids) AND attempts < max_attempts
+      AND (state = 'pending' OR (state = 'claimed' AND lease_until <= now))
     RETURNING *
 $$;
 COMMENT ON FUNCTION throttle._mark_claimed(bigint[], text, interval, bigint, timestamptz) IS
@@ -266,6 +280,9 @@ BEGIN
         SELECT e.id FROM throttle.event e
         WHERE e.queue = claim.queue AND e.state = 'pending' AND e.run_at <= now
           AND e.group_key IS NULL
+          AND NOT EXISTS (SELECT 1 FROM throttle.event c  -- event_claimed_key
+                          WHERE c.queue = e.queue AND c.item_key = e.item_key
+                            AND c.state = 'claimed')
         ORDER BY e.run_at, e.id LIMIT max - coalesce(cardinality(expired), 0)
         FOR UPDATE SKIP LOCKED) AS x;
     RETURN QUERY SELECT * FROM throttle._mark_claimed(coalesce(expired, '{}') || coalesce(due, '{}'),
@@ -285,6 +302,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     token bigint := throttle._group_take(queue, group_key, worker, lease);
     ids bigint[];
+    due bigint;
 BEGIN
     IF token IS NULL THEN
         RETURN;  -- another worker holds the group (shared memory)
@@ -294,10 +312,24 @@ BEGIN
         PERFORM throttle._group_release(queue, group_key, token);
         RETURN;
     END IF;
-    SELECT array_agg(e.id) INTO ids FROM throttle.event e
+    -- The group's due events, locked without waiting. When another
+    -- transaction is changing one of them (cancel, reschedule, or a claim or
+    -- complete it has not committed), the group is busy: skipped, never
+    -- waited for, and none of its events claimed before that one.
+    SELECT count(*) INTO due FROM throttle.event e
     WHERE e.queue = _claim_one_group.queue AND e.group_key = _claim_one_group.group_key
       AND e.group_key IS NOT NULL AND e.state IN ('pending', 'claimed')  -- event_groups
       AND (e.state = 'claimed' OR e.run_at <= now);
+    SELECT array_agg(x.id) INTO ids FROM (
+        SELECT e.id FROM throttle.event e
+        WHERE e.queue = _claim_one_group.queue AND e.group_key = _claim_one_group.group_key
+          AND e.group_key IS NOT NULL AND e.state IN ('pending', 'claimed')
+          AND (e.state = 'claimed' OR e.run_at <= now)
+        FOR UPDATE SKIP LOCKED) AS x;
+    IF coalesce(cardinality(ids), 0) < due THEN
+        PERFORM throttle._group_release(queue, group_key, token);
+        RETURN;
+    END IF;
     RETURN QUERY SELECT * FROM throttle._mark_claimed(ids, worker, lease, token, now)
                  ORDER BY run_at, id;
     IF NOT FOUND THEN  -- every due event was out of attempts
@@ -380,13 +412,13 @@ BEGIN
                        WHERE e.queue = g.queue AND e.group_key = g.group_key
                          AND e.state = 'claimed' AND e.group_key IS NOT NULL
                          AND e.claim_token = g.claim_token) THEN
-            PERFORM throttle._group_release(g.queue, g.group_key, g.claim_token);
+            PERFORM throttle._group_release_at_commit(g.queue, g.group_key, g.claim_token);
         END IF;
     END LOOP;
 END
 $$;
 COMMENT ON FUNCTION throttle._release_groups(throttle.event[]) IS
-    'Internal: releases the group leases of claims that have no claimed event left.';
+    'Internal: releases the group leases of claims that have no claimed event left, when the calling transaction commits.';
 
 CREATE FUNCTION throttle.complete(ids bigint[], worker text)
 RETURNS integer
@@ -480,12 +512,12 @@ BEGIN
     WHERE e.id = retry.id AND e.state = 'dead'
       AND NOT EXISTS (SELECT 1 FROM throttle.event u
                       WHERE u.queue = e.queue AND u.item_key = e.item_key
-                        AND u.state IN ('pending', 'claimed'));
+                        AND u.state = 'pending');
     RETURN FOUND;
 END
 $$;
 COMMENT ON FUNCTION throttle.retry(bigint) IS
-    'Brings a dead event back: pending, due now, attempts reset; false when it is not dead or its item_key is pending again.';
+    'Brings a dead event back: pending, due now, attempts reset; false when it is not dead or its item_key has a pending event again.';
 
 CREATE FUNCTION throttle.purge(older_than interval)
 RETURNS bigint

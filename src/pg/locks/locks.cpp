@@ -570,6 +570,10 @@ RenewResult lock_renew(const RegistryKey& key, int64 token, int64 ttl) {
     return call.done ? RenewResult::kRenewed : RenewResult::kNotHeld;
 }
 
+void lock_release_after_abort(const RegistryKey& key, int64 token) {
+    release_after_error(key, token);
+}
+
 bool lock_reset(const RegistryKey& key) {
     refuse_on_standby();
     fence_reserve_ahead();

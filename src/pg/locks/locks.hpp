@@ -35,6 +35,10 @@ enum class RenewResult { kRenewed, kNotHeld, kSessionLock };
 // Extends the lease of `key` held with `token` to `ttl` from now.
 RenewResult lock_renew(const RegistryKey& key, int64 token, int64 ttl);
 
+// Releases `key` held with `token` by this backend while its transaction
+// aborts: raises no error and writes no WAL.
+void lock_release_after_abort(const RegistryKey& key, int64 token);
+
 // Ends whatever grant holds the lock of `key` (throttle.reset): the earliest
 // waiter gets it, or it is free. Returns whether it was held.
 bool lock_reset(const RegistryKey& key);

@@ -1,0 +1,127 @@
+// The lease that holds a group of the event queue (throttle.claim_group):
+// throttle._group_take, _group_release, _group_release_at_commit and
+// _group_renew. Internal: called by the queue's SECURITY DEFINER functions,
+// not granted to PUBLIC.
+//
+// Groups have a kind of their own (EntryKind::kQueueGroup), so no name given
+// to throttle.lock can reach them. They are not journaled: the claimed rows
+// of throttle.event, with their lease_until, are the durable truth of a group
+// claim (the queue checks them before it hands a group out), so after a
+// crash a group no claim holds is free at once. A lease taken follows its
+// transaction (group_lease_xact.hpp).
+#include "pg/locks/locks.hpp"
+#include "pg/queue/group_lease_xact.hpp"
+
+#include "pg/arguments.hpp"
+#include "pg/boundary.hpp"
+
+#include <cstdio>
+
+namespace pg_throttle::pg {
+namespace {
+
+// The group's key: "<bytes of queue>:<queue>:<group_key>", or, when that
+// does not fit a registry name, "<bytes of queue>:<queue>#<SHA-256 of
+// group_key in hex>". Both forms name the queue first, and the byte after it
+// tells them apart, so no group_key of one form can name a group of the
+// other. Two group_keys with one digest would share a lease: each would wait
+// for the other, never run beside it.
+void group_key(FunctionCallInfo fcinfo, RegistryKey* key) {
+    require_not_null(fcinfo, 0, "queue");
+    require_not_null(fcinfo, 1, "group_key");
+    const text* queue = PG_GETARG_TEXT_PP(0);
+    const text* group = PG_GETARG_TEXT_PP(1);
+    const size_t queue_len = VARSIZE_ANY_EXHDR(queue);
+    const size_t group_len = VARSIZE_ANY_EXHDR(group);
+    char name[core::kMaxNameBytes + 1];
+    const int prefix = std::snprintf(name, sizeof name, "%zu:", queue_len);
+    constexpr size_t kDigestHex = size_t{2} * PG_SHA256_DIGEST_LENGTH;
+    if (static_cast<size_t>(prefix) + queue_len + 1 + kDigestHex > core::kMaxNameBytes) {
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("queue name must have 1 to 63 bytes")));
+    }
+    char* pos = name + prefix;
+    memcpy(pos, VARDATA_ANY(queue), queue_len);
+    pos += queue_len;
+    if (static_cast<size_t>(prefix) + queue_len + 1 + group_len <= core::kMaxNameBytes) {
+        *pos++ = ':';
+        memcpy(pos, VARDATA_ANY(group), group_len);
+        pos += group_len;
+    } else {
+        uint8 digest[PG_SHA256_DIGEST_LENGTH];
+        pg_cryptohash_ctx* ctx = pg_cryptohash_create(PG_SHA256);
+        if (ctx == nullptr || pg_cryptohash_init(ctx) < 0 ||
+            pg_cryptohash_update(ctx, reinterpret_cast<const uint8*>(VARDATA_ANY(group)),
+                                 group_len) < 0 ||
+            pg_cryptohash_final(ctx, digest, sizeof digest) < 0) {
+            pg_cryptohash_free(ctx);
+            ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR),
+                            errmsg("could not compute the SHA-256 digest of a group_key")));
+        }
+        pg_cryptohash_free(ctx);
+        *pos++ = '#';
+        static const char kHex[] = "0123456789abcdef";
+        for (const uint8 byte : digest) {
+            *pos++ = kHex[byte >> 4];
+            *pos++ = kHex[byte & 0xf];
+        }
+    }
+    registry_make_key(EntryKind::kQueueGroup, name, static_cast<size_t>(pos - name), "group", key);
+}
+
+// (queue, group_key, worker, lease) -> the claim's fence token, or NULL.
+Datum group_take(FunctionCallInfo fcinfo) {
+    registry_require();
+    RegistryKey key;
+    group_key(fcinfo, &key);
+    require_not_null(fcinfo, 3, "lease");
+    const int64 lease = positive_interval(PG_GETARG_INTERVAL_P(3), "lease");
+    const Holder holder = holder_from_argument(fcinfo, 2);
+    group_lease_make_room();
+    const int64 token = lock_take(key, lease, 0, holder);
+    if (token == 0) {
+        PG_RETURN_NULL();
+    }
+    group_lease_taken_in_transaction(key, token);
+    PG_RETURN_INT64(token);
+}
+
+// (queue, group_key, token) -> released.
+Datum group_release(FunctionCallInfo fcinfo) {
+    registry_require();
+    RegistryKey key;
+    group_key(fcinfo, &key);
+    require_not_null(fcinfo, 2, "token");
+    PG_RETURN_BOOL(lock_release(key, PG_GETARG_INT64(2)));
+}
+
+// (queue, group_key, token): the lease is released when this transaction
+// commits.
+Datum group_release_at_commit(FunctionCallInfo fcinfo) {
+    registry_require();
+    RegistryKey key;
+    group_key(fcinfo, &key);
+    require_not_null(fcinfo, 2, "token");
+    group_lease_release_at_commit(key, PG_GETARG_INT64(2));
+    PG_RETURN_VOID();
+}
+
+// (queue, group_key, token, lease) -> renewed.
+Datum group_renew(FunctionCallInfo fcinfo) {
+    registry_require();
+    RegistryKey key;
+    group_key(fcinfo, &key);
+    require_not_null(fcinfo, 2, "token");
+    require_not_null(fcinfo, 3, "lease");
+    const int64 lease = positive_interval(PG_GETARG_INTERVAL_P(3), "lease");
+    PG_RETURN_BOOL(lock_renew(key, PG_GETARG_INT64(2), lease) == RenewResult::kRenewed);
+}
+
+}  // namespace
+}  // namespace pg_throttle::pg
+
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_group_take, pg_throttle::pg::group_take)
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_group_release, pg_throttle::pg::group_release)
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_group_release_at_commit,
+                         pg_throttle::pg::group_release_at_commit)
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_group_renew, pg_throttle::pg::group_renew)

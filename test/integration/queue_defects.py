@@ -1,0 +1,198 @@
+#!/usr/bin/python3
+"""The event queue's defects found in review, each forced with real sessions
+and held transactions (never with luck):
+
+- a claim_group running while another transaction cancels, reschedules or
+  completes one of the group's events: the claim never waits for it, and
+  never claims an event that transaction ends;
+- a claim_group rolled back (whole, or to a savepoint) leaves its group free;
+- schedule of an item_key whose event is claimed schedules a new run after
+  it, which is neither lost nor run beside the claimed one;
+- a group_key of any length (groups whose keys share their first 200 bytes
+  are still two groups);
+- enqueued_by names the role that called schedule, not the extension's owner.
+"""
+import os
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from pgconn import connect, one  # noqa: E402
+from tap import Tap  # noqa: E402
+
+PROMPT = 3.0  # seconds: a call that takes longer waited for a row lock
+
+
+def timed(conn, sql, params=None):
+    """Runs sql on conn in a thread and waits up to 10 s for it; returns
+    (result, seconds, thread): result["rows"] holds the rows once it ends."""
+    out = {}
+
+    def run():
+        with conn.cursor() as cur:
+            cur.execute(sql, params)
+            out["rows"] = cur.fetchall()
+
+    t0 = time.monotonic()
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(timeout=10)
+    return out, time.monotonic() - t0, t
+
+
+def fresh(cur, queue):
+    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (queue,))
+
+
+def claim_group_during(tap, admin, queue, change, what):
+    """A transaction runs `change` on event a1 of group g and stays open; a
+    worker calls claim_group meanwhile, then the transaction commits."""
+    cur = admin.cursor()
+    fresh(cur, queue)
+    cur.execute("SELECT throttle.schedule(%s, 'a1', now(), group_key => 'g')", (queue,))
+    cur.execute("SELECT throttle.schedule(%s, 'a2', now(), group_key => 'g')", (queue,))
+    other = connect(autocommit=False)
+    ocur = other.cursor()
+    ocur.execute(change, (queue,))
+    worker = connect(options="-c statement_timeout=20s")
+    result, took, thread = timed(worker, "SELECT id, item_key FROM throttle.claim_group(%s, 'w1', '5 minutes')",
+                                 (queue,))
+    other.commit()
+    thread.join(timeout=30)
+    rows = result.get("rows", [])
+    tap.ok(took < PROMPT, f"claim_group does not wait for a transaction that {what} an event of the group",
+           f"it took {took:.1f} s")
+    state = one(admin, "SELECT state, claimed_at IS NULL FROM throttle.event WHERE queue = %s AND item_key = 'a1' "
+                "ORDER BY id DESC LIMIT 1", (queue,))
+    claimed_keys = sorted(r[1] for r in rows)
+    tap.ok("a1" not in claimed_keys and state[1],
+           f"an event the other transaction {what} is not claimed", f"claimed {claimed_keys}, a1 is {state}")
+    other.close()
+    worker.close()
+    return state
+
+
+def main():
+    tap = Tap(21)
+    admin = connect()
+    cur = admin.cursor()
+
+    # 1-2: a cancel in flight.
+    state = claim_group_during(tap, admin, "d.cancel",
+                               "SELECT throttle.cancel(%s, 'a1')", "cancels")
+    # 3-4: a reschedule in flight.
+    claim_group_during(tap, admin, "d.resched",
+                       "SELECT throttle.reschedule(%s, 'a1', now() + interval '1 hour')", "reschedules")
+    tap.is_(state[0], "cancelled", "the cancelled event stays cancelled")
+
+    # 6-8: a worker with autocommit off claims a group and completes it in a
+    # transaction it has not committed yet (psycopg2's default).
+    fresh(cur, "d.open")
+    cur.execute("SELECT throttle.schedule('d.open', 'e' || g, now(), group_key => 'g') FROM generate_series(1, 3) g")
+    a = connect(autocommit=False)
+    acur = a.cursor()
+    acur.execute("SELECT id FROM throttle.claim_group('d.open', 'wa', '5 minutes')")
+    a_ids = [r[0] for r in acur.fetchall()]
+    acur.execute("SELECT throttle.complete(%s::bigint[], 'wa')", (a_ids,))
+    b = connect(options="-c statement_timeout=20s")
+    result, took, thread = timed(b, "SELECT id FROM throttle.claim_group('d.open', 'wb', '5 minutes')")
+    a.commit()
+    thread.join(timeout=30)
+    rows = result.get("rows", [])
+    tap.ok(took < PROMPT, "claim_group does not wait for another worker's uncommitted claim and complete",
+           f"it took {took:.1f} s")
+    again = one(b, "SELECT array_agg(id) FROM throttle.claim_group('d.open', 'wb', '5 minutes')")[0]
+    claimed = sorted([r[0] for r in rows] + (again or []))
+    tap.is_(claimed, [], "no event completed by the other worker is claimed again, before or after its commit")
+    tap.is_(one(admin, "SELECT count(*) FILTER (WHERE state = 'done' AND completed_by = 'wa') FROM throttle.event "
+                     "WHERE queue = 'd.open'")[0], 3, "the three events are done, by the worker that claimed them")
+    a.close()
+
+    # 9-11: a claim_group that is rolled back leaves the group free at once.
+    fresh(cur, "d.rollback")
+    cur.execute("SELECT throttle.schedule('d.rollback', 'e1', now(), group_key => 'g')")
+    a = connect(autocommit=False)
+    acur = a.cursor()
+    acur.execute("SELECT id FROM throttle.claim_group('d.rollback', 'wa', '5 minutes')")
+    got_a = acur.fetchall()
+    a.rollback()
+    got_b = one(b, "SELECT array_agg(id) FROM throttle.claim_group('d.rollback', 'wb', '5 minutes')")[0]
+    tap.ok(len(got_a) == 1 and got_b == [got_a[0][0]],
+           "a claim_group rolled back leaves its group to the next worker", f"a {got_a}, then b {got_b}")
+    cur.execute("SELECT throttle.complete(%s::bigint[], 'wb')", (got_b or [],))
+    cur.execute("SELECT throttle.schedule('d.rollback', 'e2', now(), group_key => 'g')")
+    acur.execute("SAVEPOINT s")
+    acur.execute("SELECT id FROM throttle.claim_group('d.rollback', 'wa', '5 minutes')")
+    got_a = acur.fetchall()
+    acur.execute("ROLLBACK TO SAVEPOINT s")
+    got_b = one(b, "SELECT array_agg(id) FROM throttle.claim_group('d.rollback', 'wb', '5 minutes')")[0]
+    tap.ok(len(got_a) == 1 and got_b == [got_a[0][0]],
+           "so does one rolled back to a savepoint", f"a {got_a}, then b {got_b}")
+    a.commit()
+    cur.execute("SELECT throttle.complete(%s::bigint[], 'wb')", (got_b or [],))
+    cur.execute("SELECT throttle.schedule('d.rollback', 'e3', now(), group_key => 'g')")
+    acur.execute("SAVEPOINT s")
+    acur.execute("SELECT id FROM throttle.claim_group('d.rollback', 'wa', '5 minutes')")
+    got_a = acur.fetchall()
+    acur.execute("RELEASE SAVEPOINT s")
+    a.commit()
+    got_b = one(b, "SELECT array_agg(id) FROM throttle.claim_group('d.rollback', 'wb', '5 minutes')")[0]
+    tap.ok(len(got_a) == 1 and got_b is None,
+           "a claim in a savepoint that is released, then committed, holds its group", f"a {got_a}, then b {got_b}")
+    a.close()
+
+    # 12-16: schedule of an item_key whose event is claimed.
+    fresh(cur, "d.again")
+    cur.execute("SELECT throttle.schedule('d.again', 'k', now(), '{\"v\": 1}')")
+    first = one(admin, "SELECT id, payload FROM throttle.claim('d.again', 'w1')")
+    second_id = one(admin, "SELECT throttle.schedule('d.again', 'k', now(), '{\"v\": 2}')")[0]
+    tap.ok(second_id != first[0], "schedule of a claimed item_key makes a new event",
+           f"claimed {first[0]}, schedule returned {second_id}")
+    tap.is_(one(admin, "SELECT state, payload->>'v' FROM throttle.event WHERE id = %s", (first[0],)),
+            ("claimed", "1"), "and leaves the claimed event as it was")
+    tap.is_(one(b, "SELECT count(*) FROM throttle.claim('d.again', 'w2')")[0], 0,
+            "the new run is not handed to another worker while the claimed one runs")
+    tap.is_(one(admin, "SELECT throttle.complete(ARRAY[%s]::bigint[], 'w1')", (first[0],))[0], 1,
+            "the claimed event completes")
+    tap.is_(one(b, "SELECT item_key, payload->>'v' FROM throttle.claim('d.again', 'w2')"), ("k", "2"),
+            "then the new run is claimed, with its payload")
+
+    # 17-19: group keys of any length.
+    fresh(cur, "d.long")
+    base = "x" * 250
+    cur.execute("SELECT throttle.schedule('d.long', 'one', now(), group_key => %s)", (base + "1",))
+    cur.execute("SELECT throttle.schedule('d.long', 'two', now(), group_key => %s)", (base + "2",))
+    cur.execute("SELECT throttle.schedule('d.long', 'short', now(), group_key => 'short')")
+    claims = []
+    for worker in ("w1", "w2", "w3"):
+        with admin.cursor() as c:
+            c.execute("SELECT item_key FROM throttle.claim_group('d.long', %s, '5 minutes')", (worker,))
+            claims.append(sorted(r[0] for r in c.fetchall()))
+    tap.is_(sorted(k for c in claims for k in c), ["one", "short", "two"],
+            "three workers claim three groups, two of them with 251-byte group_keys")
+    tap.ok(all(len(c) == 1 for c in claims), "one group each: keys sharing 250 bytes are two groups", claims)
+    with admin.cursor() as c:
+        c.execute("SELECT count(*) FROM throttle.claim_group('d.long', 'w4', '5 minutes')")
+        tap.is_(c.fetchone()[0], 0, "and while they are held no fourth worker gets any of them")
+
+    # 20-21: enqueued_by is the caller.
+    cur.execute("SELECT count(*) FROM pg_roles WHERE rolname = 'queue_defects_role'")
+    if cur.fetchone()[0] == 0:
+        cur.execute("CREATE ROLE queue_defects_role")
+    fresh(cur, "d.who")
+    cur.execute("SET ROLE queue_defects_role")
+    cur.execute("SET application_name = 'billing'")
+    cur.execute("SELECT throttle.schedule('d.who', 'k', now())")
+    cur.execute("RESET ROLE")
+    tap.is_(one(admin, "SELECT enqueued_by FROM throttle.event WHERE queue = 'd.who'")[0],
+            "queue_defects_role (billing)", "enqueued_by names the role that called schedule")
+    tap.ok(one(admin, "SELECT enqueued_by FROM throttle.event WHERE queue = 'd.again' LIMIT 1")[0]
+           .startswith(one(admin, "SELECT current_user")[0]), "and the superuser when it calls")
+    b.close()
+    admin.close()
+    tap.done()
+
+
+if __name__ == "__main__":
+    main()
