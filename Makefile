@@ -9,6 +9,8 @@ PG_SRCS   = $(sort $(wildcard src/pg/*.cpp src/pg/*/*.cpp))
 MODULE_big = pg_throttle
 OBJS       = $(CORE_SRCS:.cpp=.o) $(PG_SRCS:.cpp=.o)
 DATA_built = $(EXTENSION)--$(EXTVERSION).sql
+# The upgrade scripts from earlier versions, written by hand.
+DATA       = $(wildcard src/sql/upgrade/$(EXTENSION)--*--*.sql)
 
 REGRESS      = acquire bad_input status other_database reinstall rate locks queue reset
 REGRESS_OPTS = --load-extension=pg_throttle

@@ -154,6 +154,12 @@ tree_copy_source() {
         (cd "$src" && { git ls-files -z --cached --others --exclude-standard; } |
             xargs -0 -r tar --ignore-failed-read -cf - 2>/dev/null) |
             tar -C "$dir/build/pg_throttle" -xf -
+        # The released versions' sources, for the upgrade test: the tree's
+        # copy has no git history.
+        mkdir -p "$dir/build/pg_throttle/build/releases"
+        grep -v '^#' "$src/test/releases" | while read -r version commit; do
+            git -C "$src" archive -o "$dir/build/pg_throttle/build/releases/$version.tar" "$commit"
+        done
     else
         tar -C "$src" --exclude=.git --exclude='*.o' --exclude='*.so' --exclude='*.d' \
             --exclude=./build --exclude=./results -cf - . | tar -C "$dir/build/pg_throttle" -xf -

@@ -21,6 +21,7 @@ pg_virtualenv -t -o shared_preload_libraries=pg_throttle -o pg_throttle.max_leas
     ./server-suites.sh restart || rc=1
 pg_virtualenv -t -o shared_preload_libraries=pg_throttle -o pg_throttle.max_lease=30 \
     ./server-suites.sh failover || rc=1
+pg_virtualenv -t -o shared_preload_libraries=pg_throttle ./server-suites.sh upgrade || rc=1
 pg_virtualenv -t ./server-suites.sh not-preloaded || rc=1
 # The soak test makes its own primary and standby, to crash and fail them over.
 ./server-suites.sh soak || rc=1

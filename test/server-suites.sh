@@ -8,6 +8,8 @@
 #                  fault: backend, postmaster, damaged-checkpoint)
 #   restart        pg_throttle preloaded, on a cluster the suite restarts (and crashes) itself
 #   failover       pg_throttle preloaded, a standby of it promoted after the primary stops
+#   upgrade        pg_throttle preloaded, on a cluster the suite restarts after installing
+#                  0.1.0 (built from the git history) and then the current version
 #   not-preloaded  pg_throttle installed but not in shared_preload_libraries
 #   soak           two clusters of its own (primary, synchronous standby) that the
 #                  fault-injection soak test crashes, restarts and fails over
@@ -18,7 +20,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$ROOT/test/results.sh"
 cd "$ROOT"
 
-profile=${1:?profile: main, small-registry, crash, restart, failover, not-preloaded or soak}
+profile=${1:?profile: main, small-registry, crash, restart, failover, upgrade, not-preloaded or soak}
 status=0
 case "$profile" in
 main)
@@ -49,6 +51,9 @@ restart)
     ;;
 failover)
     run_suite failover prove prove --verbose test/integration/failover.py || status=1
+    ;;
+upgrade)
+    run_suite upgrade prove prove --verbose test/integration/upgrade.py || status=1
     ;;
 not-preloaded)
     run_suite not-preloaded prove prove --verbose test/integration/not_preloaded.py || status=1

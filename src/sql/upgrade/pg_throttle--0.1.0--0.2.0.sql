@@ -1,0 +1,215 @@
+-- pg_throttle 0.1.0 -> 0.2.0. Every definition here is the same as in the
+-- install script of 0.2.0 (src/sql): test/integration/upgrade.py compares an
+-- updated database with a fresh one, object by object.
+\echo Use "ALTER EXTENSION pg_throttle UPDATE TO '0.2.0'" to load this file. \quit
+
+-- A claimed event may have one pending successor with its item_key.
+DROP INDEX throttle.event_unfinished_key;
+CREATE UNIQUE INDEX event_pending_key ON throttle.event (queue, item_key)
+    WHERE state = 'pending';
+CREATE INDEX event_claimed_key ON throttle.event (queue, item_key)
+    WHERE state = 'claimed';
+COMMENT ON COLUMN throttle.event.item_key IS 'Natural key, unique among the pending events of a queue. A claimed event may have one pending successor with its key, which no worker gets before the claimed one ends.';
+
+-- Group leases released when the transaction that ends the claim commits.
+CREATE FUNCTION throttle._group_release_at_commit(queue text, group_key text, token bigint)
+RETURNS void
+AS 'MODULE_PATHNAME', 'pg_throttle_group_release_at_commit'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle._group_release_at_commit(text, text, bigint) IS
+    'Internal: releases a group''s lease held with token when the calling transaction commits.';
+REVOKE EXECUTE ON FUNCTION throttle._group_release_at_commit(text, text, bigint) FROM PUBLIC;
+
+-- The functions whose definitions changed.
+
+CREATE OR REPLACE FUNCTION throttle._caller()
+RETURNS text
+AS 'MODULE_PATHNAME', 'pg_throttle_caller'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION throttle._caller() IS
+    'Internal: who is calling, for enqueued_by: the role the session acts as (not the owner of a SECURITY DEFINER function), and its application_name.';
+
+CREATE OR REPLACE FUNCTION throttle.schedule(queue text, item_key text, run_at timestamptz,
+                                  payload jsonb DEFAULT '{}', group_key text DEFAULT NULL,
+                                  max_attempts integer DEFAULT 5)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    event_id bigint;
+    now timestamptz := throttle.now();
+BEGIN
+    PERFORM throttle._require(queue, 'queue'), throttle._require(item_key, 'item_key'),
+            throttle._require(run_at, 'run_at'), throttle._require(payload, 'payload'),
+            throttle._require(max_attempts, 'max_attempts');
+    IF max_attempts <= 0 THEN
+        RAISE EXCEPTION 'max_attempts must be positive' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF queue = '' OR octet_length(queue) > 63 THEN
+        RAISE EXCEPTION 'queue name must have 1 to 63 bytes' USING ERRCODE = 'invalid_parameter_value',
+              DETAIL = 'The queue name is also the NOTIFY channel that workers LISTEN on.';
+    END IF;
+    IF item_key = '' THEN
+        RAISE EXCEPTION 'item_key must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO throttle.event AS e (queue, item_key, group_key, payload, run_at, max_attempts,
+                                     enqueued_at, enqueued_by)
+    VALUES (queue, item_key, group_key, payload, run_at, max_attempts, now, throttle._caller())
+    ON CONFLICT (queue, item_key) WHERE state = 'pending'
+    DO UPDATE SET run_at = excluded.run_at, payload = excluded.payload
+    RETURNING e.id INTO event_id;
+    IF run_at <= now THEN
+        PERFORM pg_notify(queue, event_id::text);
+    END IF;
+    RETURN event_id;
+END
+$$;
+COMMENT ON FUNCTION throttle.schedule(text, text, timestamptz, jsonb, text, integer) IS
+    'Schedules an event, or, when item_key names a pending event of the queue, moves it to run_at with the new payload; returns its id. When the event of item_key is claimed it is left alone and a new event is scheduled, which no worker gets before the claimed one ends. NOTIFYs the channel named after the queue when the event is due.';
+
+CREATE OR REPLACE FUNCTION throttle._mark_claimed(ids bigint[], worker text, lease interval, token bigint,
+                                       now timestamptz)
+RETURNS SETOF throttle.event
+LANGUAGE sql AS $$
+    WITH dead AS (
+        UPDATE throttle.event SET state = 'dead', completed_at = now,
+               last_error = coalesce(last_error, 'lease expired ' || attempts || ' times')
+        WHERE id = ANY (ids) AND attempts >= max_attempts
+          AND (state = 'pending' OR (state = 'claimed' AND lease_until <= now))
+    )
+    UPDATE throttle.event
+    SET state = 'claimed', claimed_at = now, claimed_by = worker, lease_until = now + lease,
+        claim_token = token, attempts = attempts + 1
+    WHERE id = ANY (ids) AND attempts < max_attempts
+      AND (state = 'pending' OR (state = 'claimed' AND lease_until <= now))
+    RETURNING *
+$$;
+COMMENT ON FUNCTION throttle._mark_claimed(bigint[], text, interval, bigint, timestamptz) IS
+    'Internal: claims events for a worker, or makes dead those whose attempts are used up.';
+
+CREATE OR REPLACE FUNCTION throttle.claim(queue text, worker text, lease interval DEFAULT '5 minutes',
+                               max integer DEFAULT 1)
+RETURNS SETOF throttle.event
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    now timestamptz := throttle.now();
+    expired bigint[];
+    due bigint[];
+BEGIN
+    PERFORM throttle._require(queue, 'queue'), throttle._require(worker, 'worker'),
+            throttle._require(max, 'max');
+    PERFORM throttle._positive(lease, 'lease');
+    IF max <= 0 THEN
+        RAISE EXCEPTION 'max must be positive' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Claims whose lease expired, then due pending events; oldest first. Rows
+    -- another worker is claiming right now are skipped, never waited for.
+    -- Events with a group_key belong to throttle.claim_group.
+    SELECT array_agg(id) INTO expired FROM (
+        SELECT e.id FROM throttle.event e
+        WHERE e.queue = claim.queue AND e.state = 'claimed' AND e.lease_until <= now
+          AND e.group_key IS NULL
+        ORDER BY e.lease_until, e.id LIMIT max FOR UPDATE SKIP LOCKED) AS x;
+    SELECT array_agg(id) INTO due FROM (
+        SELECT e.id FROM throttle.event e
+        WHERE e.queue = claim.queue AND e.state = 'pending' AND e.run_at <= now
+          AND e.group_key IS NULL
+          AND NOT EXISTS (SELECT 1 FROM throttle.event c  -- event_claimed_key
+                          WHERE c.queue = e.queue AND c.item_key = e.item_key
+                            AND c.state = 'claimed')
+        ORDER BY e.run_at, e.id LIMIT max - coalesce(cardinality(expired), 0)
+        FOR UPDATE SKIP LOCKED) AS x;
+    RETURN QUERY SELECT * FROM throttle._mark_claimed(coalesce(expired, '{}') || coalesce(due, '{}'),
+                                                     worker, lease, NULL, now)
+                 ORDER BY run_at, id;
+END
+$$;
+COMMENT ON FUNCTION throttle.claim(text, text, interval, integer) IS
+    'Claims up to max due events without a group_key for worker until lease: claims whose lease expired, then pending events with run_at <= now, oldest first; never waits for rows another worker is claiming. Grouped events are claimed with throttle.claim_group.';
+
+CREATE OR REPLACE FUNCTION throttle._claim_one_group(queue text, group_key text, worker text, lease interval,
+                                          now timestamptz)
+RETURNS SETOF throttle.event
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    token bigint := throttle._group_take(queue, group_key, worker, lease);
+    ids bigint[];
+    due bigint;
+BEGIN
+    IF token IS NULL THEN
+        RETURN;  -- another worker holds the group (shared memory)
+    END IF;
+    IF throttle._group_held(queue, group_key, now) THEN
+        -- A claim from before a restart still holds it: the table says so.
+        PERFORM throttle._group_release(queue, group_key, token);
+        RETURN;
+    END IF;
+    -- The group's due events, locked without waiting. When another
+    -- transaction is changing one of them (cancel, reschedule, or a claim or
+    -- complete it has not committed), the group is busy: skipped, never
+    -- waited for, and none of its events claimed before that one.
+    SELECT count(*) INTO due FROM throttle.event e
+    WHERE e.queue = _claim_one_group.queue AND e.group_key = _claim_one_group.group_key
+      AND e.group_key IS NOT NULL AND e.state IN ('pending', 'claimed')  -- event_groups
+      AND (e.state = 'claimed' OR e.run_at <= now);
+    SELECT array_agg(x.id) INTO ids FROM (
+        SELECT e.id FROM throttle.event e
+        WHERE e.queue = _claim_one_group.queue AND e.group_key = _claim_one_group.group_key
+          AND e.group_key IS NOT NULL AND e.state IN ('pending', 'claimed')
+          AND (e.state = 'claimed' OR e.run_at <= now)
+        FOR UPDATE SKIP LOCKED) AS x;
+    IF coalesce(cardinality(ids), 0) < due THEN
+        PERFORM throttle._group_release(queue, group_key, token);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM throttle._mark_claimed(ids, worker, lease, token, now)
+                 ORDER BY run_at, id;
+    IF NOT FOUND THEN  -- every due event was out of attempts
+        PERFORM throttle._group_release(queue, group_key, token);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION throttle._claim_one_group(text, text, text, interval, timestamptz) IS
+    'Internal: takes the group''s lease and claims its due events, or nothing when the group is held.';
+
+CREATE OR REPLACE FUNCTION throttle._release_groups(finished throttle.event[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    g record;
+BEGIN
+    FOR g IN SELECT DISTINCT f.queue, f.group_key, f.claim_token FROM unnest(finished) AS f
+             WHERE f.group_key IS NOT NULL
+    LOOP
+        IF NOT EXISTS (SELECT 1 FROM throttle.event e
+                       WHERE e.queue = g.queue AND e.group_key = g.group_key
+                         AND e.state = 'claimed' AND e.group_key IS NOT NULL
+                         AND e.claim_token = g.claim_token) THEN
+            PERFORM throttle._group_release_at_commit(g.queue, g.group_key, g.claim_token);
+        END IF;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION throttle._release_groups(throttle.event[]) IS
+    'Internal: releases the group leases of claims that have no claimed event left, when the calling transaction commits.';
+
+CREATE OR REPLACE FUNCTION throttle.retry(id bigint)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM throttle._require(id, 'id');
+    UPDATE throttle.event e SET state = 'pending', attempts = 0, run_at = throttle.now(),
+           completed_at = NULL
+    WHERE e.id = retry.id AND e.state = 'dead'
+      AND NOT EXISTS (SELECT 1 FROM throttle.event u
+                      WHERE u.queue = e.queue AND u.item_key = e.item_key
+                        AND u.state = 'pending');
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION throttle.retry(bigint) IS
+    'Brings a dead event back: pending, due now, attempts reset; false when it is not dead or its item_key has a pending event again.';

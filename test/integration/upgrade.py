@@ -1,0 +1,213 @@
+#!/usr/bin/python3
+"""The upgrade path from 0.1.0: the released 0.1.0 is built from the git
+history and installed; a database is filled with events in every state,
+declared resources and registry state (an interval granted, a bucket
+drained, a lease held); then the current version is installed, the server
+restarted and ALTER EXTENSION pg_throttle UPDATE run. Nothing may be lost,
+every function must work, and the updated database must have exactly the
+objects of a fresh install (functions, tables, columns, indexes,
+constraints, views, comments, privileges).
+
+Installs into the server it runs against, so it runs on a cluster of its own,
+and puts the current version back when it ends, whatever happened.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+from cluster import execute, pg_ctlcluster, reconnect  # noqa: E402
+from pgconn import connect, one  # noqa: E402
+from tap import Tap  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+OLD_DB, FRESH_DB = "upgrade_from_010", "upgrade_fresh"
+
+
+def make(directory, *targets):
+    config = os.environ.get("PG_CONFIG", "pg_config")
+    sudo = [] if os.geteuid() == 0 else ["sudo"]
+    subprocess.run(sudo + ["make", "-C", directory, "-s", f"PG_CONFIG={config}", *targets], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def release_source(version):
+    """The source of a released version (test/releases): from the git history,
+    or, in a copy without it, from build/releases/<version>.tar."""
+    with open(os.path.join(ROOT, "test", "releases")) as f:
+        commit = dict(line.split() for line in f if line.strip() and not line.startswith("#"))[version]
+    if os.path.isdir(os.path.join(ROOT, ".git")):
+        return subprocess.run(["git", "-C", ROOT, "archive", commit], check=True, capture_output=True).stdout
+    with open(os.path.join(ROOT, "build", "releases", version + ".tar"), "rb") as f:
+        return f.read()
+
+
+def install_release(directory):
+    archive = release_source("0.1.0")
+    subprocess.run(["tar", "-x", "-C", directory], input=archive, check=True)
+    make(directory, "-j2")
+    make(directory, "install")
+
+
+def restart():
+    pg_ctlcluster("restart", "-m", "fast")
+    return reconnect()
+
+
+def recreate(admin, db):
+    execute(admin, f"DROP DATABASE IF EXISTS {db}")
+    execute(admin, f"CREATE DATABASE {db}")
+
+
+# Every object of the extension, described so that two databases can be
+# compared: one row per object, "kind name: definition".
+CATALOG = """
+WITH ext AS (SELECT oid FROM pg_extension WHERE extname = 'pg_throttle'),
+ns AS (SELECT 'throttle'::regnamespace AS oid)
+SELECT 'function ' || p.oid::regprocedure || ': ' || pg_get_functiondef(p.oid)
+       || ' comment ' || coalesce(obj_description(p.oid, 'pg_proc'), '-')
+       || ' acl ' || coalesce(p.proacl::text, '-')
+FROM pg_proc p JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid
+WHERE d.refobjid = (SELECT oid FROM ext) AND d.deptype = 'e' AND p.prokind IN ('f', 'p')
+UNION ALL
+SELECT 'relation ' || c.relname || ': ' || c.relkind::text || ' '
+       || coalesce(CASE c.relkind WHEN 'i' THEN pg_get_indexdef(c.oid)
+                                   WHEN 'v' THEN pg_get_viewdef(c.oid) END, '')
+       || ' comment ' || coalesce(obj_description(c.oid, 'pg_class'), '-')
+       || ' acl ' || coalesce(c.relacl::text, '-')
+FROM pg_class c WHERE c.relnamespace = (SELECT oid FROM ns) AND c.relkind <> 'S'
+UNION ALL
+SELECT 'column ' || c.relname || '.' || a.attname || ': ' || format_type(a.atttypid, a.atttypmod)
+       || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+       || coalesce(' default ' || pg_get_expr(ad.adbin, ad.adrelid), '')
+       || CASE WHEN a.attidentity <> '' THEN ' identity ' || a.attidentity::text ELSE '' END
+       || ' comment ' || coalesce(col_description(c.oid, a.attnum), '-')
+FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+LEFT JOIN pg_attrdef ad ON ad.adrelid = c.oid AND ad.adnum = a.attnum
+WHERE c.relnamespace = (SELECT oid FROM ns) AND c.relkind IN ('r', 'v')
+UNION ALL
+SELECT 'constraint ' || conrelid::regclass || '.' || conname || ': ' || pg_get_constraintdef(oid)
+FROM pg_constraint WHERE connamespace = (SELECT oid FROM ns)
+UNION ALL
+SELECT 'config dump: ' || array_to_string(extconfig::regclass[]::text[], ',') || ' '
+       || array_to_string(extcondition, ',')
+FROM pg_extension WHERE extname = 'pg_throttle'
+ORDER BY 1
+"""
+
+
+def fill(conn):
+    """Events in every state, a declared resource and bucket, registry state."""
+    for sql in [
+        "INSERT INTO throttle.resource (name, every) VALUES ('nightly', '1 day')",
+        "INSERT INTO throttle.bucket (name, rate, per, burst) VALUES ('api', 10, '1 minute', 5)",
+        "SELECT throttle.schedule('mail', 'pending', now() + interval '1 hour')",
+        "SELECT throttle.schedule('mail', 'claimed', now())",
+        "SELECT throttle.schedule('mail', 'done', now())",
+        "SELECT throttle.schedule('mail', 'dead', now(), max_attempts => 1)",
+        "SELECT throttle.schedule('mail', 'cancelled', now() + interval '1 hour')",
+        "SELECT throttle.schedule('orders', 'o1', now(), group_key => 'customer:1')",
+        "SELECT throttle.schedule('orders', 'o2', now(), group_key => 'customer:2')",
+    ]:
+        execute(conn, sql)
+    execute(conn, "SELECT throttle.cancel('mail', 'cancelled')")
+    # One claim per event, in order: done, dead (after its one attempt), claimed.
+    for key in ("done", "dead", "claimed"):
+        execute(conn, "UPDATE throttle.event SET run_at = now() - interval '1 day' WHERE item_key = %s", (key,))
+        event_id = one(conn, "SELECT id FROM throttle.claim('mail', 'worker-1', '1 hour')")[0]
+        if key == "done":
+            execute(conn, "SELECT throttle.complete(ARRAY[%s]::bigint[], 'worker-1')", (event_id,))
+        elif key == "dead":
+            execute(conn, "SELECT throttle.fail(ARRAY[%s]::bigint[], 'worker-1', 'boom')", (event_id,))
+    one(conn, "SELECT id FROM throttle.claim_group('orders', 'worker-2', '1 hour')")
+    one(conn, "SELECT throttle.acquire('nightly')")
+    one(conn, "SELECT throttle.take('api', 5)")
+    return one(conn, "SELECT throttle.lock('migration', ttl => '30 seconds')")[0]
+
+
+STATES = "SELECT state, item_key, attempts, claimed_by FROM throttle.event ORDER BY id"
+
+
+def main():
+    tap = Tap(14)
+    admin = connect()
+    recreate(admin, OLD_DB)
+    recreate(admin, FRESH_DB)
+    with tempfile.TemporaryDirectory() as release:
+        try:
+            install_release(release)
+            admin.close()
+            admin = restart()
+            old = connect(dbname=OLD_DB)
+            execute(old, "CREATE EXTENSION pg_throttle VERSION '0.1.0'")
+            tap.is_(one(old, "SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle'")[0], "0.1.0",
+                    "0.1.0, built from the git history, is installed")
+            token = fill(old)
+            with old.cursor() as cur:
+                cur.execute(STATES)
+                before = cur.fetchall()
+            tap.is_(sorted({row[0] for row in before}), ["cancelled", "claimed", "dead", "done", "pending"],
+                    "it holds events in every state")
+            old.close()
+        finally:
+            make(ROOT, "install")
+    admin.close()
+    admin = restart()
+    old = connect(dbname=OLD_DB)
+    tap.is_(one(old, "SELECT throttle.lock('migration', ttl => '30 seconds')")[0], None,
+            "after the restart into the new module, the 0.1.0 lease is still held")
+    execute(old, "ALTER EXTENSION pg_throttle UPDATE")
+    tap.is_(one(old, "SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle'")[0],
+            one(admin, "SELECT default_version FROM pg_available_extensions WHERE name = 'pg_throttle'")[0],
+            "ALTER EXTENSION pg_throttle UPDATE reaches the current version")
+    with old.cursor() as cur:
+        cur.execute(STATES)
+        tap.is_(cur.fetchall(), before, "every event is as it was: state, key, attempts, claimer")
+    tap.is_(one(old, "SELECT (SELECT count(*) FROM throttle.resource), (SELECT count(*) FROM throttle.bucket)"),
+            (1, 1), "the declared resource and bucket are kept")
+    tap.is_(one(old, "SELECT throttle.acquire('nightly')")[0], False,
+            "the interval granted under 0.1.0 still holds")
+    tap.is_(one(old, "SELECT throttle.unlock('migration', %s)", (token,))[0], True,
+            "the lease taken under 0.1.0 is released with its token")
+
+    fresh = connect(dbname=FRESH_DB)
+    execute(fresh, "CREATE EXTENSION pg_throttle")
+    with old.cursor() as cur:
+        cur.execute(CATALOG)
+        updated = [r[0] for r in cur.fetchall()]
+    with fresh.cursor() as cur:
+        cur.execute(CATALOG)
+        installed = [r[0] for r in cur.fetchall()]
+    only_updated = sorted(set(updated) - set(installed))
+    only_fresh = sorted(set(installed) - set(updated))
+    tap.ok(updated == installed and len(updated) > 50,
+           f"the updated database has exactly the objects of a fresh install ({len(installed)})",
+           "only after the update:\n" + "\n".join(only_updated) + "\nonly in a fresh install:\n"
+           + "\n".join(only_fresh))
+
+    # Every queue function works on the updated events.
+    claimed = one(old, "SELECT id FROM throttle.event WHERE item_key = 'claimed'")[0]
+    tap.is_(one(old, "SELECT throttle.complete(ARRAY[%s]::bigint[], 'worker-1')", (claimed,))[0], 1,
+            "a claim made under 0.1.0 completes")
+    tap.is_(one(old, "SELECT count(*) FROM throttle.claim_group('orders', 'worker-3', '1 minute')")[0], 1,
+            "the group claimed under 0.1.0 stays held; the other group is claimed")
+    dead = one(old, "SELECT id FROM throttle.event WHERE state = 'dead'")[0]
+    tap.is_(one(old, "SELECT throttle.retry(%s)", (dead,))[0], True, "a dead event is retried")
+    execute(old, "SELECT throttle.reschedule('mail', 'pending', now())")
+    got = one(old, "SELECT array_agg(item_key ORDER BY item_key) FROM throttle.claim('mail', 'worker-4', "
+                   "'1 minute', max => 10)")[0]
+    tap.is_(got, ["dead", "pending"], "claim gets the rescheduled and the retried event")
+    execute(old, "SELECT throttle.schedule('mail', 'new', now())")
+    tap.is_(one(old, "SELECT enqueued_by FROM throttle.event WHERE item_key = 'new'")[0],
+            one(old, "SELECT current_user")[0], "schedule works, with the caller in enqueued_by")
+    old.close()
+    fresh.close()
+    execute(admin, f"DROP DATABASE {OLD_DB}")
+    execute(admin, f"DROP DATABASE {FRESH_DB}")
+    admin.close()
+    tap.done()
+
+
+if __name__ == "__main__":
+    main()
