@@ -3,7 +3,7 @@ SET pg_throttle.test_clock = '2031-06-01 12:00:00+00';
 SET application_name = 'regress-queue';
 \set SHOW_CONTEXT never
 
--- schedule: an item_key is unique among unfinished events; scheduling it
+-- schedule: an item_key is unique among pending events; scheduling it
 -- again moves it and returns the same id.
 SELECT throttle.schedule('mail', 'welcome:ann', '2031-06-01 13:00:00+00', '{"to": "ann"}') AS ann \gset
 SELECT throttle.schedule('mail', 'welcome:ann', '2031-06-01 12:30:00+00', '{"to": "ann", "v": 2}') = :ann AS same_id;
@@ -22,39 +22,44 @@ SELECT state, cancelled_at FROM throttle.event WHERE id = :dee;
 SELECT throttle.schedule('mail', 'welcome:dee', '2031-06-02 00:00:00+00') <> :dee AS new_event;
 
 -- claim: due events, oldest first, up to max.
-SELECT item_key, state, claimed_by, attempts, lease_until
+SELECT item_key, state, claimed_by, claimed_role, attempts, lease_until, claim_token IS NOT NULL AS has_token
 FROM throttle.claim('mail', 'worker-1', '1 minute', 10);
+SELECT claim_token AS w1 FROM throttle.event WHERE id = :bob \gset
 SELECT count(*) AS nothing_more_due FROM throttle.claim('mail', 'worker-2');
--- Only the worker holding the claim may complete, fail or extend.
-SELECT throttle.complete(ARRAY[:bob]::bigint[], 'worker-2') AS other_worker_completes;
-SELECT throttle.extend(ARRAY[:bob, :cy]::bigint[], 'worker-1', '10 minutes') AS extended;
-SELECT throttle.complete(ARRAY[:bob]::bigint[], 'worker-1') AS completed;
+-- Only the claim's token completes, fails or extends it.
+SELECT throttle.complete(ARRAY[:bob]::bigint[], :w1 - 1) AS other_token_completes;
+SELECT throttle.extend(ARRAY[:bob, :cy]::bigint[], :w1, '10 minutes') AS extended;
+SELECT throttle.complete(ARRAY[:bob]::bigint[], :w1) AS completed;
 SELECT state, completed_at, completed_by FROM throttle.event WHERE id = :bob;
 
 -- fail: keeps the error and retries with a backoff; dead after max_attempts.
-SELECT throttle.fail(ARRAY[:cy]::bigint[], 'worker-1', 'smtp timeout') AS failed;
+SELECT throttle.fail(ARRAY[:cy]::bigint[], :w1, 'smtp timeout') AS failed;
 SELECT state, attempts, run_at, last_error FROM throttle.event WHERE id = :cy;
 SET pg_throttle.test_clock = '2031-06-01 12:00:09.999999+00';
 SELECT count(*) AS not_due_before_backoff FROM throttle.claim('mail', 'worker-1', max => 5);
 SET pg_throttle.test_clock = '2031-06-01 12:00:10+00';
-SELECT item_key, attempts FROM throttle.claim('mail', 'worker-1', max => 5);
-SELECT throttle.fail(ARRAY[:cy]::bigint[], 'worker-1', 'smtp timeout again') AS failed_twice;
+SELECT item_key, attempts, claim_token > :w1 AS new_token FROM throttle.claim('mail', 'worker-1', max => 5);
+SELECT claim_token AS w1 FROM throttle.event WHERE id = :cy \gset
+SELECT throttle.fail(ARRAY[:cy]::bigint[], :w1, 'smtp timeout again') AS failed_twice;
 SELECT state, attempts, last_error, completed_at FROM throttle.event WHERE id = :cy;
 -- retry brings a dead event back.
 SELECT throttle.retry(:cy) AS retried, throttle.retry(:cy) AS retried_again;
 SELECT state, attempts, run_at FROM throttle.event WHERE id = :cy;
 -- fail with an explicit retry_in.
-SELECT item_key FROM throttle.claim('mail', 'worker-1', max => 5);
-SELECT throttle.fail(ARRAY[:cy]::bigint[], 'worker-1', 'later', '1 hour');
+SELECT item_key, claim_token AS w1 FROM throttle.claim('mail', 'worker-1', max => 5) \gset
+SELECT :'item_key' AS item_key;
+SELECT throttle.fail(ARRAY[:cy]::bigint[], :w1, 'later', '1 hour');
 SELECT state, run_at FROM throttle.event WHERE id = :cy;
 
 -- Lease expiry: another worker takes the event over and fences the first.
 SET pg_throttle.test_clock = '2031-06-01 13:00:00+00';
 SELECT item_key, claimed_by FROM throttle.claim('mail', 'worker-1', '1 minute');
+SELECT claim_token AS old_token FROM throttle.event WHERE id = :ann \gset
 SET pg_throttle.test_clock = '2031-06-01 13:01:00+00';
 SELECT item_key, claimed_by, attempts FROM throttle.claim('mail', 'worker-2', '1 minute');
-SELECT throttle.complete(ARRAY[:ann]::bigint[], 'worker-1') AS fenced_old_worker;
-SELECT throttle.complete(ARRAY[:ann]::bigint[], 'worker-2') AS new_worker;
+SELECT claim_token AS new_token FROM throttle.event WHERE id = :ann \gset
+SELECT throttle.complete(ARRAY[:ann]::bigint[], :old_token) AS fenced_old_worker;
+SELECT throttle.complete(ARRAY[:ann]::bigint[], :new_token) AS new_worker;
 
 -- Groups: claim_group takes every due event of one group.
 SET pg_throttle.test_clock = '2031-06-01 14:00:00+00';
@@ -64,6 +69,8 @@ SELECT throttle.schedule('orders', 'o3', '2031-06-01 13:05:00+00', group_key => 
 SELECT throttle.schedule('orders', 'o4', '2031-06-01 14:30:00+00', group_key => 'cust:1') AS o4 \gset
 SELECT item_key, group_key, claimed_by FROM throttle.claim_group('orders', 'w-a', '1 hour');
 SELECT item_key, group_key, claimed_by FROM throttle.claim_group('orders', 'w-b', '1 hour');
+SELECT claim_token AS wa FROM throttle.event WHERE id = :o1 \gset
+SELECT claim_token AS wb FROM throttle.event WHERE id = :o3 \gset
 SELECT count(*) AS no_free_group FROM throttle.claim_group('orders', 'w-c', '10 minutes');
 -- plain claim leaves grouped events to claim_group.
 SELECT count(*) AS claim_skips_groups FROM throttle.claim('orders', 'w-c', max => 10);
@@ -74,12 +81,12 @@ SELECT count(*) AS no_lock_named_like_a_group FROM throttle.locks WHERE name LIK
 SET pg_throttle.test_clock = '2031-06-01 14:31:00+00';
 SELECT count(*) AS held_group_not_handed_out FROM throttle.claim_group('orders', 'w-c', '10 minutes');
 -- w-a finishes: the group is free again, with o4.
-SELECT throttle.complete(ARRAY[:o1, :o2]::bigint[], 'w-a') AS completed;
+SELECT throttle.complete(ARRAY[:o1, :o2]::bigint[], :wa) AS completed;
 SELECT item_key, claimed_by FROM throttle.claim_group('orders', 'w-c', '1 hour');
 -- w-b's lease expires: its group goes to another worker, and w-b is fenced.
 SET pg_throttle.test_clock = '2031-06-01 15:00:00+00';
 SELECT item_key, claimed_by, attempts FROM throttle.claim_group('orders', 'w-d', '10 minutes');
-SELECT throttle.complete(ARRAY[:o3]::bigint[], 'w-b') AS fenced;
+SELECT throttle.complete(ARRAY[:o3]::bigint[], :wb) AS fenced;
 
 -- The table is the durable truth: with the group's lease gone from shared
 -- memory (as after a restart), a held group is still not handed out.
@@ -106,6 +113,7 @@ SELECT * FROM throttle.claim('q', 'w', '0');
 SELECT * FROM throttle.claim('q', 'w', '1 minute', 0);
 SELECT * FROM throttle.claim('q', NULL);
 SELECT * FROM throttle.claim_group('q', 'w', '-1 minute');
-SELECT throttle.fail(ARRAY[1]::bigint[], 'w', 'e', '-1 second');
+SELECT throttle.fail(ARRAY[1]::bigint[], 1, 'e', '-1 second');
+SELECT throttle.complete(ARRAY[1]::bigint[], NULL);
 SELECT throttle.purge('-1 day');
 RESET pg_throttle.test_clock;

@@ -1,2 +1,3 @@
-SELECT coalesce(array_agg(id), '{}')::text AS ids FROM throttle.claim_group('bench', 'w' || :client_id, '1 minute') \gset
-SELECT throttle.complete(:ids::bigint[], 'w' || :client_id);
+SELECT coalesce(array_agg(id), '{}')::text AS ids, coalesce(min(claim_token), 0) AS token
+FROM throttle.claim_group('bench', 'w' || :client_id, '1 minute') \gset
+SELECT throttle.complete(:ids::bigint[], :token);

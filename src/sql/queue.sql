@@ -36,14 +36,16 @@ CREATE TABLE throttle.event (
     completed_at  timestamptz,
     completed_by  text,
     cancelled_at  timestamptz,
-    last_error    text
+    last_error    text,
+    claimed_role  name
 );
 COMMENT ON TABLE throttle.event IS
     'The scheduled event queue. state: pending (waits for run_at), claimed (a worker holds it until lease_until), done, dead (max_attempts used up; throttle.retry brings it back), cancelled. Rows are kept until throttle.purge.';
 COMMENT ON COLUMN throttle.event.item_key IS 'Natural key, unique among the pending events of a queue. A claimed event may have one pending successor with its key, which no worker gets before the claimed one ends.';
 COMMENT ON COLUMN throttle.event.group_key IS 'Events of one group are claimed together by throttle.claim_group, by one worker at a time.';
 COMMENT ON COLUMN throttle.event.attempts IS 'Claims so far; a claim beyond max_attempts makes the event dead.';
-COMMENT ON COLUMN throttle.event.claim_token IS 'Fence token of the current claim (the group lease''s token for group claims).';
+COMMENT ON COLUMN throttle.event.claim_token IS 'Token of the current claim, which complete, fail and extend need (the group lease''s token for group claims). The claimer gets it from claim or claim_group; PUBLIC may read every other column, not this one.';
+COMMENT ON COLUMN throttle.event.claimed_role IS 'The role that made the current claim: only it (its members, superusers) may complete, fail or extend it.';
 
 -- Every function below finds its rows through one of these, whatever the
 -- number of pending, claimed or finished events. complete, fail and extend
@@ -69,7 +71,12 @@ CREATE INDEX event_claimed_groups ON throttle.event (queue, group_key, claim_tok
 CREATE INDEX event_finished ON throttle.event (coalesce(completed_at, cancelled_at))
     WHERE state IN ('done', 'dead', 'cancelled');
 
-GRANT SELECT ON throttle.event TO PUBLIC;
+-- Every column but the claim's token.
+REVOKE SELECT ON throttle.event FROM PUBLIC;
+GRANT SELECT (id, queue, item_key, group_key, payload, run_at, state, attempts, max_attempts,
+              enqueued_at, enqueued_by, claimed_at, claimed_by, lease_until, completed_at,
+              completed_by, cancelled_at, last_error, claimed_role)
+    ON throttle.event TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('throttle.event', '');
 
 CREATE FUNCTION throttle._require(value anyelement, what text)
@@ -140,6 +147,28 @@ AS 'MODULE_PATHNAME', 'pg_throttle_caller'
 LANGUAGE C VOLATILE PARALLEL SAFE;
 COMMENT ON FUNCTION throttle._caller() IS
     'Internal: who is calling, for enqueued_by: the role the session acts as (not the owner of a SECURITY DEFINER function), and its application_name.';
+
+CREATE FUNCTION throttle._caller_role()
+RETURNS name
+AS 'MODULE_PATHNAME', 'pg_throttle_caller_role'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION throttle._caller_role() IS
+    'Internal: the role the session acts as, which a claim belongs to.';
+
+CREATE FUNCTION throttle._acts_as(role name)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'pg_throttle_acts_as'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION throttle._acts_as(name) IS
+    'Internal: whether the calling role has the privileges of role (a claim''s); NULL or a dropped role: superusers only.';
+
+CREATE FUNCTION throttle._claim_token()
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'pg_throttle_claim_token'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle._claim_token() IS
+    'Internal: a new claim token, greater than every token handed out before on this server, also across crashes.';
+REVOKE EXECUTE ON FUNCTION throttle._claim_token() FROM PUBLIC;
 
 CREATE FUNCTION throttle.schedule(queue text, item_key text, run_at timestamptz,
                                   payload jsonb DEFAULT '{}', group_key text DEFAULT NULL,
@@ -230,13 +259,13 @@ LANGUAGE sql AS $$
     )
     UPDATE throttle.event
     SET state = 'claimed', claimed_at = now, claimed_by = worker, lease_until = now + lease,
-        claim_token = token, attempts = attempts + 1
+        claim_token = token, claimed_role = throttle._caller_role(), attempts = attempts + 1
     WHERE id = ANY (ids) AND attempts < max_attempts
       AND (state = 'pending' OR (state = 'claimed' AND lease_until <= now))
     RETURNING *
 $$;
 COMMENT ON FUNCTION throttle._mark_claimed(bigint[], text, interval, bigint, timestamptz) IS
-    'Internal: claims events for a worker, or makes dead those whose attempts are used up.';
+    'Internal: claims events for a worker and the calling role with token, or makes dead those whose attempts are used up.';
 
 -- Whether a group of the queue is held by a claim whose lease holds (the durable truth).
 CREATE FUNCTION throttle._group_held(queue text, group_key text, now timestamptz)
@@ -285,13 +314,16 @@ BEGIN
                             AND c.state = 'claimed')
         ORDER BY e.run_at, e.id LIMIT max - coalesce(cardinality(expired), 0)
         FOR UPDATE SKIP LOCKED) AS x;
+    IF expired IS NULL AND due IS NULL THEN
+        RETURN;
+    END IF;
     RETURN QUERY SELECT * FROM throttle._mark_claimed(coalesce(expired, '{}') || coalesce(due, '{}'),
-                                                     worker, lease, NULL, now)
+                                                     worker, lease, throttle._claim_token(), now)
                  ORDER BY run_at, id;
 END
 $$;
 COMMENT ON FUNCTION throttle.claim(text, text, interval, integer) IS
-    'Claims up to max due events without a group_key for worker until lease: claims whose lease expired, then pending events with run_at <= now, oldest first; never waits for rows another worker is claiming. Grouped events are claimed with throttle.claim_group.';
+    'Claims up to max due events without a group_key for worker until lease: claims whose lease expired, then pending events with run_at <= now, oldest first; never waits for rows another worker is claiming. The events carry the claim''s claim_token, which complete, fail and extend need. Grouped events are claimed with throttle.claim_group.';
 
 -- Claims the due events of one group if it is free; no rows when it is not.
 CREATE FUNCTION throttle._claim_one_group(queue text, group_key text, worker text, lease interval,
@@ -420,28 +452,29 @@ $$;
 COMMENT ON FUNCTION throttle._release_groups(throttle.event[]) IS
     'Internal: releases the group leases of claims that have no claimed event left, when the calling transaction commits.';
 
-CREATE FUNCTION throttle.complete(ids bigint[], worker text)
+CREATE FUNCTION throttle.complete(ids bigint[], token bigint)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     finished throttle.event[];
 BEGIN
-    PERFORM throttle._require(ids, 'ids'), throttle._require(worker, 'worker');
+    PERFORM throttle._require(ids, 'ids'), throttle._require(token, 'token');
     WITH done AS (
         UPDATE throttle.event e SET state = 'done', completed_at = throttle.now(),
-               completed_by = worker, lease_until = NULL
-        WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claimed_by = worker
+               completed_by = e.claimed_by, lease_until = NULL
+        WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
+          AND throttle._acts_as(e.claimed_role)
         RETURNING e.*)
     SELECT array_agg(d) INTO finished FROM done d;
     PERFORM throttle._release_groups(finished);
     RETURN coalesce(cardinality(finished), 0);
 END
 $$;
-COMMENT ON FUNCTION throttle.complete(bigint[], text) IS
-    'Marks the events done, if worker holds their current claim; returns how many. A worker whose claim was taken over gets 0.';
+COMMENT ON FUNCTION throttle.complete(bigint[], bigint) IS
+    'Marks the events done, if the claim token still holds them and the caller is the claim''s role (or may act for it); returns how many. A worker whose claim was taken over gets 0.';
 
-CREATE FUNCTION throttle.fail(ids bigint[], worker text, error text, retry_in interval DEFAULT NULL)
+CREATE FUNCTION throttle.fail(ids bigint[], token bigint, error text, retry_in interval DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -449,7 +482,7 @@ DECLARE
     now timestamptz := throttle.now();
     finished throttle.event[];
 BEGIN
-    PERFORM throttle._require(ids, 'ids'), throttle._require(worker, 'worker');
+    PERFORM throttle._require(ids, 'ids'), throttle._require(token, 'token');
     IF retry_in IS NOT NULL AND retry_in < interval '0' THEN
         RAISE EXCEPTION 'retry_in must not be negative' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -465,17 +498,18 @@ BEGIN
                           ELSE now + coalesce(retry_in,
                                least(interval '1 hour', interval '10 seconds' * 2 ^ (e.attempts - 1)))
                      END
-        WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claimed_by = worker
+        WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
+          AND throttle._acts_as(e.claimed_role)
         RETURNING e.*)
     SELECT array_agg(f) INTO finished FROM failed f;
     PERFORM throttle._release_groups(finished);
     RETURN coalesce(cardinality(finished), 0);
 END
 $$;
-COMMENT ON FUNCTION throttle.fail(bigint[], text, text, interval) IS
-    'Records a failed attempt: keeps the error and retries after retry_in, or 10 s * 2^(attempts-1) up to 1 hour; after max_attempts the event is dead. Only the worker holding the current claim; returns how many.';
+COMMENT ON FUNCTION throttle.fail(bigint[], bigint, text, interval) IS
+    'Records a failed attempt: keeps the error and retries after retry_in, or 10 s * 2^(attempts-1) up to 1 hour; after max_attempts the event is dead. Only through the claim token that holds the events, by the claim''s role; returns how many.';
 
-CREATE FUNCTION throttle.extend(ids bigint[], worker text, lease interval)
+CREATE FUNCTION throttle.extend(ids bigint[], token bigint, lease interval)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -484,22 +518,23 @@ DECLARE
     extended integer;
     g record;
 BEGIN
-    PERFORM throttle._require(ids, 'ids'), throttle._require(worker, 'worker');
+    PERFORM throttle._require(ids, 'ids'), throttle._require(token, 'token');
     PERFORM throttle._positive(lease, 'lease');
     UPDATE throttle.event e SET lease_until = now + lease
-    WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claimed_by = worker;
+    WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
+      AND throttle._acts_as(e.claimed_role);
     GET DIAGNOSTICS extended = ROW_COUNT;
-    FOR g IN SELECT DISTINCT e.queue, e.group_key, e.claim_token FROM throttle.event e
-             WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claimed_by = worker
-               AND e.group_key IS NOT NULL
+    FOR g IN SELECT DISTINCT e.queue, e.group_key FROM throttle.event e
+             WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
+               AND e.group_key IS NOT NULL AND throttle._acts_as(e.claimed_role)
     LOOP
-        PERFORM throttle._group_renew(g.queue, g.group_key, g.claim_token, lease);
+        PERFORM throttle._group_renew(g.queue, g.group_key, token, lease);
     END LOOP;
     RETURN extended;
 END
 $$;
-COMMENT ON FUNCTION throttle.extend(bigint[], text, interval) IS
-    'Extends the claim of worker on the events to lease from now (and the group''s lease); returns how many.';
+COMMENT ON FUNCTION throttle.extend(bigint[], bigint, interval) IS
+    'Extends the claim token on the events to lease from now (and the group''s lease), by the claim''s role; returns how many.';
 
 CREATE FUNCTION throttle.retry(id bigint)
 RETURNS boolean

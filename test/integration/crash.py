@@ -53,9 +53,11 @@ def schedule_groups(conn):
     for key, group, minutes in (("e1", "g1", 3), ("e2", "g2", 2)):
         one(conn, "SELECT throttle.schedule('cq', %s, now() - %s * interval '1 minute', "
                   "group_key => %s)", (key, minutes, group))
-    w1 = one(conn, "SELECT array_agg(id), min(group_key) FROM throttle.claim_group('cq', 'w1', '10 minutes')")
-    w2 = one(conn, "SELECT array_agg(id), min(group_key) FROM throttle.claim_group('cq', 'w2', '10 minutes')")
-    one(conn, "SELECT throttle.complete(%s, 'w2')", (w2[0],))
+    w1 = one(conn, "SELECT array_agg(id), min(group_key), min(claim_token) "
+                  "FROM throttle.claim_group('cq', 'w1', '10 minutes')")
+    w2 = one(conn, "SELECT array_agg(id), min(group_key), min(claim_token) "
+                  "FROM throttle.claim_group('cq', 'w2', '10 minutes')")
+    one(conn, "SELECT throttle.complete(%s, %s)", (w2[0], w2[2]))
     one(conn, "SELECT throttle.schedule('cq', 'e3', now() - interval '1 minute', group_key => 'g2')")
     one(conn, "SELECT throttle.schedule('cq', 'e4', now() - interval '1 minute', group_key => 'g3')")
     return w1, w2
@@ -67,7 +69,7 @@ def check_groups(tap, conn, w1, after):
     tap.ok(sorted(got[:2]) == ["g2", "g3"] and got[2] is None,
            f"after {after}, the groups no claim holds are claimable at once; the held one is not",
            repr(got))
-    tap.is_(one(conn, "SELECT throttle.complete(%s, 'w1')", (w1[0],))[0], 1,
+    tap.is_(one(conn, "SELECT throttle.complete(%s, %s)", (w1[0], w1[2]))[0], 1,
             f"after {after}, the worker whose claim still holds completes its group")
     execute(conn, "DELETE FROM throttle.event WHERE queue = 'cq'")
 

@@ -29,7 +29,8 @@ def worker(name, claims, errors, stop_at):
     idle_since = None
     try:
         while time.monotonic() < stop_at:
-            cur.execute("SELECT id, group_key, clock_timestamp() FROM throttle.claim_group(%s, %s, '1 minute')",
+            cur.execute("SELECT id, group_key, clock_timestamp(), claim_token "
+                        "FROM throttle.claim_group(%s, %s, '1 minute')",
                         (QUEUE, name))
             rows = cur.fetchall()
             if not rows:
@@ -44,7 +45,7 @@ def worker(name, claims, errors, stop_at):
             ids = [r[0] for r in rows]
             groups = {r[1] for r in rows}
             time.sleep(rng.uniform(0, 0.003))  # the work
-            cur.execute("SELECT clock_timestamp(), throttle.complete(%s::bigint[], %s)", (ids, name))
+            cur.execute("SELECT clock_timestamp(), throttle.complete(%s::bigint[], %s)", (ids, rows[0][3]))
             ended, completed = cur.fetchone()
             claims.append((name, groups, ids, rows[0][2], ended, completed))
     except Exception as e:  # noqa: BLE001 - reported as a test failure

@@ -10,15 +10,21 @@ and held transactions (never with luck):
   it, which is neither lost nor run beside the claimed one;
 - a group_key of any length (groups whose keys share their first 200 bytes
   are still two groups);
-- enqueued_by names the role that called schedule, not the extension's owner.
+- enqueued_by names the role that called schedule, not the extension's owner;
+- claims are owned by their claimer: complete, fail and extend act through
+  the claim's token, with the claim's role; two processes with one worker
+  name are two claims, and another role neither sees a claim's token nor
+  completes the claim with it.
 """
+import datetime
 import os
 import sys
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pgconn import connect, one  # noqa: E402
+from cluster import execute  # noqa: E402
+from pgconn import connect, one, sql_error  # noqa: E402
 from tap import Tap  # noqa: E402
 
 PROMPT = 3.0  # seconds: a call that takes longer waited for a row lock
@@ -74,7 +80,7 @@ def claim_group_during(tap, admin, queue, change, what):
 
 
 def main():
-    tap = Tap(21)
+    tap = Tap(27)
     admin = connect()
     cur = admin.cursor()
 
@@ -92,9 +98,9 @@ def main():
     cur.execute("SELECT throttle.schedule('d.open', 'e' || g, now(), group_key => 'g') FROM generate_series(1, 3) g")
     a = connect(autocommit=False)
     acur = a.cursor()
-    acur.execute("SELECT id FROM throttle.claim_group('d.open', 'wa', '5 minutes')")
-    a_ids = [r[0] for r in acur.fetchall()]
-    acur.execute("SELECT throttle.complete(%s::bigint[], 'wa')", (a_ids,))
+    acur.execute("SELECT id, claim_token FROM throttle.claim_group('d.open', 'wa', '5 minutes')")
+    a_rows = acur.fetchall()
+    acur.execute("SELECT throttle.complete(%s::bigint[], %s)", ([r[0] for r in a_rows], a_rows[0][1]))
     b = connect(options="-c statement_timeout=20s")
     result, took, thread = timed(b, "SELECT id FROM throttle.claim_group('d.open', 'wb', '5 minutes')")
     a.commit()
@@ -117,27 +123,30 @@ def main():
     acur.execute("SELECT id FROM throttle.claim_group('d.rollback', 'wa', '5 minutes')")
     got_a = acur.fetchall()
     a.rollback()
-    got_b = one(b, "SELECT array_agg(id) FROM throttle.claim_group('d.rollback', 'wb', '5 minutes')")[0]
+    got_b, token_b = one(b, "SELECT array_agg(id), min(claim_token) "
+                            "FROM throttle.claim_group('d.rollback', 'wb', '5 minutes')")
     tap.ok(len(got_a) == 1 and got_b == [got_a[0][0]],
            "a claim_group rolled back leaves its group to the next worker", f"a {got_a}, then b {got_b}")
-    cur.execute("SELECT throttle.complete(%s::bigint[], 'wb')", (got_b or [],))
+    cur.execute("SELECT throttle.complete(%s::bigint[], %s)", (got_b or [], token_b or 0))
     cur.execute("SELECT throttle.schedule('d.rollback', 'e2', now(), group_key => 'g')")
     acur.execute("SAVEPOINT s")
     acur.execute("SELECT id FROM throttle.claim_group('d.rollback', 'wa', '5 minutes')")
     got_a = acur.fetchall()
     acur.execute("ROLLBACK TO SAVEPOINT s")
-    got_b = one(b, "SELECT array_agg(id) FROM throttle.claim_group('d.rollback', 'wb', '5 minutes')")[0]
+    got_b, token_b = one(b, "SELECT array_agg(id), min(claim_token) "
+                            "FROM throttle.claim_group('d.rollback', 'wb', '5 minutes')")
     tap.ok(len(got_a) == 1 and got_b == [got_a[0][0]],
            "so does one rolled back to a savepoint", f"a {got_a}, then b {got_b}")
     a.commit()
-    cur.execute("SELECT throttle.complete(%s::bigint[], 'wb')", (got_b or [],))
+    cur.execute("SELECT throttle.complete(%s::bigint[], %s)", (got_b or [], token_b or 0))
     cur.execute("SELECT throttle.schedule('d.rollback', 'e3', now(), group_key => 'g')")
     acur.execute("SAVEPOINT s")
     acur.execute("SELECT id FROM throttle.claim_group('d.rollback', 'wa', '5 minutes')")
     got_a = acur.fetchall()
     acur.execute("RELEASE SAVEPOINT s")
     a.commit()
-    got_b = one(b, "SELECT array_agg(id) FROM throttle.claim_group('d.rollback', 'wb', '5 minutes')")[0]
+    got_b, token_b = one(b, "SELECT array_agg(id), min(claim_token) "
+                            "FROM throttle.claim_group('d.rollback', 'wb', '5 minutes')")
     tap.ok(len(got_a) == 1 and got_b is None,
            "a claim in a savepoint that is released, then committed, holds its group", f"a {got_a}, then b {got_b}")
     a.close()
@@ -145,7 +154,7 @@ def main():
     # 12-16: schedule of an item_key whose event is claimed.
     fresh(cur, "d.again")
     cur.execute("SELECT throttle.schedule('d.again', 'k', now(), '{\"v\": 1}')")
-    first = one(admin, "SELECT id, payload FROM throttle.claim('d.again', 'w1')")
+    first = one(admin, "SELECT id, payload, claim_token FROM throttle.claim('d.again', 'w1')")
     second_id = one(admin, "SELECT throttle.schedule('d.again', 'k', now(), '{\"v\": 2}')")[0]
     tap.ok(second_id != first[0], "schedule of a claimed item_key makes a new event",
            f"claimed {first[0]}, schedule returned {second_id}")
@@ -153,7 +162,7 @@ def main():
             ("claimed", "1"), "and leaves the claimed event as it was")
     tap.is_(one(b, "SELECT count(*) FROM throttle.claim('d.again', 'w2')")[0], 0,
             "the new run is not handed to another worker while the claimed one runs")
-    tap.is_(one(admin, "SELECT throttle.complete(ARRAY[%s]::bigint[], 'w1')", (first[0],))[0], 1,
+    tap.is_(one(admin, "SELECT throttle.complete(ARRAY[%s]::bigint[], %s)", (first[0], first[2]))[0], 1,
             "the claimed event completes")
     tap.is_(one(b, "SELECT item_key, payload->>'v' FROM throttle.claim('d.again', 'w2')"), ("k", "2"),
             "then the new run is claimed, with its payload")
@@ -189,6 +198,50 @@ def main():
             "queue_defects_role (billing)", "enqueued_by names the role that called schedule")
     tap.ok(one(admin, "SELECT enqueued_by FROM throttle.event WHERE queue = 'd.again' LIMIT 1")[0]
            .startswith(one(admin, "SELECT current_user")[0]), "and the superuser when it calls")
+
+    # 22-23: two processes that both call themselves worker-7. The first
+    # one's lease expires (a session whose test clock is 10 minutes ahead
+    # sees that now) and the second claims the event again.
+    fresh(cur, "d.same")
+    cur.execute("SELECT throttle.schedule('d.same', 'k', now())")
+    first = one(admin, "SELECT id, claim_token FROM throttle.claim('d.same', 'worker-7', '5 minutes')")
+    later = connect()
+    ahead = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(minutes=10)
+    execute(later, "SET pg_throttle.test_clock = %s", (str(ahead),))
+    second = one(later, "SELECT id, claim_token FROM throttle.claim('d.same', 'worker-7', '5 minutes')")
+    tap.is_(one(admin, "SELECT throttle.complete(ARRAY[%s]::bigint[], %s), "
+                       "throttle.fail(ARRAY[%s]::bigint[], %s, 'late'), "
+                       "throttle.extend(ARRAY[%s]::bigint[], %s, '1 minute')",
+                (first[0], first[1]) * 3), (0, 0, 0),
+            "a worker whose claim was taken over by another process with its name changes nothing")
+    tap.is_(one(later, "SELECT throttle.complete(ARRAY[%s]::bigint[], %s)", second)[0], 1,
+            "the process holding the claim completes it with its own token")
+    later.close()
+
+    # 24-27: another role.
+    for role in ("queue_defects_a", "queue_defects_b"):
+        cur.execute("SELECT count(*) FROM pg_roles WHERE rolname = %s", (role,))
+        if cur.fetchone()[0] == 0:
+            cur.execute(f"CREATE ROLE {role}")
+    fresh(cur, "d.roles")
+    cur.execute("SELECT throttle.schedule('d.roles', 'k' || g, now()) FROM generate_series(1, 2) g")
+    cur.execute("SET ROLE queue_defects_a")
+    claims = [one(admin, "SELECT id, claim_token FROM throttle.claim('d.roles', 'w')") for _ in range(2)]
+    cur.execute("SET ROLE queue_defects_b")
+    tap.is_(one(admin, "SELECT throttle.complete(ARRAY[%s]::bigint[], %s), "
+                       "throttle.fail(ARRAY[%s]::bigint[], %s, 'x'), "
+                       "throttle.extend(ARRAY[%s]::bigint[], %s, '1 minute')", claims[0] * 3), (0, 0, 0),
+            "another role cannot complete, fail or extend a claim, even with its token")
+    tap.is_((sql_error(admin, "SELECT claim_token FROM throttle.event WHERE queue = 'd.roles'") or ("",))[0],
+            "42501", "and cannot read claim tokens (42501); the other columns it can")
+    one(admin, "SELECT id, claimed_by, claimed_role FROM throttle.event WHERE queue = 'd.roles' LIMIT 1")
+    cur.execute("SET ROLE queue_defects_a")
+    tap.is_(one(admin, "SELECT throttle.complete(ARRAY[%s, %s]::bigint[], %s)",
+                (claims[0][0], claims[1][0], claims[0][1]))[0], 1,
+            "the claim's role completes with the claim's token: only the events that token holds")
+    cur.execute("RESET ROLE")
+    tap.ok(claims[0][1] is not None and claims[1][1] is not None and claims[1][1] > claims[0][1],
+           "every claim of ungrouped events has a token of its own, greater than the one before", claims)
     b.close()
     admin.close()
     tap.done()

@@ -83,6 +83,7 @@ SELECT 'column ' || c.relname || '.' || a.attname || ': ' || format_type(a.attty
        || coalesce(' default ' || pg_get_expr(ad.adbin, ad.adrelid), '')
        || CASE WHEN a.attidentity <> '' THEN ' identity ' || a.attidentity::text ELSE '' END
        || ' comment ' || coalesce(col_description(c.oid, a.attnum), '-')
+       || ' acl ' || coalesce(a.attacl::text, '-') || ' number ' || a.attnum
 FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
 LEFT JOIN pg_attrdef ad ON ad.adrelid = c.oid AND ad.adnum = a.attnum
 WHERE c.relnamespace = (SELECT oid FROM ns) AND c.relkind IN ('r', 'v')
@@ -130,7 +131,7 @@ STATES = "SELECT state, item_key, attempts, claimed_by FROM throttle.event ORDER
 
 
 def main():
-    tap = Tap(14)
+    tap = Tap(15)
     admin = connect()
     recreate(admin, OLD_DB)
     recreate(admin, FRESH_DB)
@@ -187,17 +188,21 @@ def main():
            + "\n".join(only_fresh))
 
     # Every queue function works on the updated events.
-    claimed = one(old, "SELECT id FROM throttle.event WHERE item_key = 'claimed'")[0]
-    tap.is_(one(old, "SELECT throttle.complete(ARRAY[%s]::bigint[], 'worker-1')", (claimed,))[0], 1,
-            "a claim made under 0.1.0 completes")
     tap.is_(one(old, "SELECT count(*) FROM throttle.claim_group('orders', 'worker-3', '1 minute')")[0], 1,
             "the group claimed under 0.1.0 stays held; the other group is claimed")
     dead = one(old, "SELECT id FROM throttle.event WHERE state = 'dead'")[0]
     tap.is_(one(old, "SELECT throttle.retry(%s)", (dead,))[0], True, "a dead event is retried")
     execute(old, "SELECT throttle.reschedule('mail', 'pending', now())")
-    got = one(old, "SELECT array_agg(item_key ORDER BY item_key) FROM throttle.claim('mail', 'worker-4', "
-                   "'1 minute', max => 10)")[0]
-    tap.is_(got, ["dead", "pending"], "claim gets the rescheduled and the retried event")
+    got = one(old, "SELECT array_agg(item_key ORDER BY item_key), array_agg(id), min(claim_token) "
+                   "FROM throttle.claim('mail', 'worker-4', '1 minute', max => 10)")
+    tap.is_(got[0], ["dead", "pending"], "claim gets the rescheduled and the retried event, not the held one")
+    tap.is_(one(old, "SELECT throttle.complete(%s, %s)", (got[1], got[2]))[0], 2, "complete takes the claim's token")
+    # The 0.1.0 claim ends with its lease (its worker's calls are gone): a
+    # session whose test clock is past it claims the event again.
+    execute(old, "SET pg_throttle.test_clock = %s", (str(one(old, "SELECT now() + interval '2 hours'")[0]),))
+    again = one(old, "SELECT item_key, attempts, claim_token FROM throttle.claim('mail', 'worker-5', '1 minute')")
+    tap.is_(again[:2], ("claimed", 2), "a claim made under 0.1.0 is claimed again once its lease has ended")
+    execute(old, "RESET pg_throttle.test_clock")
     execute(old, "SELECT throttle.schedule('mail', 'new', now())")
     tap.is_(one(old, "SELECT enqueued_by FROM throttle.event WHERE item_key = 'new'")[0],
             one(old, "SELECT current_user")[0], "schedule works, with the caller in enqueued_by")

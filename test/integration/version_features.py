@@ -102,7 +102,7 @@ def main():
              ("22023", "ttl must be a finite interval")),
             ("SELECT throttle.claim('vf', 'w', 'infinity')",
              ("22023", "lease must be a finite interval")),
-            ("SELECT throttle.fail('{}', 'w', 'e', 'infinity')",
+            ("SELECT throttle.fail('{}', 0, 'e', 'infinity')",
              ("22023", "retry_in must be a finite interval")),
         ]:
             tap.is_(refused(statement), want, f"{statement}: {want[0]}")

@@ -1,6 +1,6 @@
 -- The event queue: signatures, error codes, privileges, index use.
 BEGIN;
-SELECT plan(23);
+SELECT plan(25);
 SET LOCAL pg_throttle.test_clock = '2038-01-01 00:00:00+00';
 
 SELECT has_table('throttle', 'event', 'catalog table throttle.event');
@@ -10,9 +10,11 @@ SELECT has_function('throttle', 'cancel', ARRAY['text', 'text']);
 SELECT has_function('throttle', 'reschedule', ARRAY['text', 'text', 'timestamp with time zone']);
 SELECT function_returns('throttle', 'claim', ARRAY['text', 'text', 'interval', 'integer'], 'setof throttle.event');
 SELECT function_returns('throttle', 'claim_group', ARRAY['text', 'text', 'interval'], 'setof throttle.event');
-SELECT function_returns('throttle', 'complete', ARRAY['bigint[]', 'text'], 'integer');
-SELECT function_returns('throttle', 'fail', ARRAY['bigint[]', 'text', 'text', 'interval'], 'integer');
-SELECT function_returns('throttle', 'extend', ARRAY['bigint[]', 'text', 'interval'], 'integer');
+SELECT function_returns('throttle', 'complete', ARRAY['bigint[]', 'bigint'], 'integer');
+SELECT function_returns('throttle', 'fail', ARRAY['bigint[]', 'bigint', 'text', 'interval'], 'integer');
+SELECT function_returns('throttle', 'extend', ARRAY['bigint[]', 'bigint', 'interval'], 'integer');
+SELECT hasnt_function('throttle', 'complete', ARRAY['bigint[]', 'text'],
+    'complete by worker name is gone: a name anyone can type is no claim');
 SELECT function_returns('throttle', 'retry', ARRAY['bigint'], 'boolean');
 SELECT function_returns('throttle', 'purge', ARRAY['interval'], 'bigint');
 
@@ -22,8 +24,10 @@ SELECT throws_ok($$SELECT throttle.schedule(repeat('q', 64), 'k', now())$$, '220
 SELECT throws_ok($$SELECT * FROM throttle.claim('q', 'w', '0')$$, '22023', 'lease must be a positive interval', 'lease 0: 22023');
 SELECT throws_ok($$SELECT * FROM throttle.claim_group('q', NULL)$$, '22004', 'worker must not be NULL', 'NULL worker: 22004');
 SELECT ok(NOT has_table_privilege('public', 'throttle.event', 'INSERT')
-          AND has_table_privilege('public', 'throttle.event', 'SELECT'),
+          AND has_column_privilege('public', 'throttle.event', 'payload', 'SELECT'),
     'everyone may read the queue; changes go through the functions');
+SELECT ok(NOT has_column_privilege('public', 'throttle.event', 'claim_token', 'SELECT'),
+    'but not the claims'' tokens');
 SELECT ok(NOT has_function_privilege('public', 'throttle.purge(interval)', 'EXECUTE'),
     'only privileged roles may purge');
 

@@ -176,7 +176,7 @@ class Client:
         self.log(op="claim", worker=worker, group=rows[0][1], token=rows[0][2], ids=ids, s=s, e=e)
         self.sleep(0.0, 0.3)
         s, done, e = release_call(self.log, "complete", self.conn,
-                                  "SELECT throttle.complete(%s, %s)", (ids, worker),
+                                  "SELECT throttle.complete(%s, %s)", (ids, rows[0][2]),
                                   worker=worker, group=rows[0][1], token=rows[0][2], ids=ids,
                                   done=None)
         self.log(op="complete", worker=worker, group=rows[0][1], token=rows[0][2], ids=ids,

@@ -11,7 +11,25 @@ CREATE INDEX event_claimed_key ON throttle.event (queue, item_key)
     WHERE state = 'claimed';
 COMMENT ON COLUMN throttle.event.item_key IS 'Natural key, unique among the pending events of a queue. A claimed event may have one pending successor with its key, which no worker gets before the claimed one ends.';
 
--- Group leases released when the transaction that ends the claim commits.
+-- Claims belong to their claimer: a token for every claim and the role that
+-- made it. Claims open at the update have no role, so only a superuser may
+-- act for them: their workers' 0.1.0 calls (by worker name) are gone, and
+-- they end when their lease expires.
+ALTER TABLE throttle.event ADD COLUMN claimed_role name;
+COMMENT ON COLUMN throttle.event.claim_token IS 'Token of the current claim, which complete, fail and extend need (the group lease''s token for group claims). The claimer gets it from claim or claim_group; PUBLIC may read every other column, not this one.';
+COMMENT ON COLUMN throttle.event.claimed_role IS 'The role that made the current claim: only it (its members, superusers) may complete, fail or extend it.';
+-- Every column but the claim's token.
+REVOKE SELECT ON throttle.event FROM PUBLIC;
+GRANT SELECT (id, queue, item_key, group_key, payload, run_at, state, attempts, max_attempts,
+              enqueued_at, enqueued_by, claimed_at, claimed_by, lease_until, completed_at,
+              completed_by, cancelled_at, last_error, claimed_role)
+    ON throttle.event TO PUBLIC;
+DROP FUNCTION throttle.complete(bigint[], text);
+DROP FUNCTION throttle.fail(bigint[], text, text, interval);
+DROP FUNCTION throttle.extend(bigint[], text, interval);
+
+-- New functions.
+
 CREATE FUNCTION throttle._group_release_at_commit(queue text, group_key text, token bigint)
 RETURNS void
 AS 'MODULE_PATHNAME', 'pg_throttle_group_release_at_commit'
@@ -19,6 +37,112 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION throttle._group_release_at_commit(text, text, bigint) IS
     'Internal: releases a group''s lease held with token when the calling transaction commits.';
 REVOKE EXECUTE ON FUNCTION throttle._group_release_at_commit(text, text, bigint) FROM PUBLIC;
+
+CREATE FUNCTION throttle._caller_role()
+RETURNS name
+AS 'MODULE_PATHNAME', 'pg_throttle_caller_role'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION throttle._caller_role() IS
+    'Internal: the role the session acts as, which a claim belongs to.';
+
+CREATE FUNCTION throttle._acts_as(role name)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'pg_throttle_acts_as'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION throttle._acts_as(name) IS
+    'Internal: whether the calling role has the privileges of role (a claim''s); NULL or a dropped role: superusers only.';
+
+CREATE FUNCTION throttle._claim_token()
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'pg_throttle_claim_token'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle._claim_token() IS
+    'Internal: a new claim token, greater than every token handed out before on this server, also across crashes.';
+REVOKE EXECUTE ON FUNCTION throttle._claim_token() FROM PUBLIC;
+
+CREATE FUNCTION throttle.complete(ids bigint[], token bigint)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    finished throttle.event[];
+BEGIN
+    PERFORM throttle._require(ids, 'ids'), throttle._require(token, 'token');
+    WITH done AS (
+        UPDATE throttle.event e SET state = 'done', completed_at = throttle.now(),
+               completed_by = e.claimed_by, lease_until = NULL
+        WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
+          AND throttle._acts_as(e.claimed_role)
+        RETURNING e.*)
+    SELECT array_agg(d) INTO finished FROM done d;
+    PERFORM throttle._release_groups(finished);
+    RETURN coalesce(cardinality(finished), 0);
+END
+$$;
+COMMENT ON FUNCTION throttle.complete(bigint[], bigint) IS
+    'Marks the events done, if the claim token still holds them and the caller is the claim''s role (or may act for it); returns how many. A worker whose claim was taken over gets 0.';
+
+CREATE FUNCTION throttle.fail(ids bigint[], token bigint, error text, retry_in interval DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    now timestamptz := throttle.now();
+    finished throttle.event[];
+BEGIN
+    PERFORM throttle._require(ids, 'ids'), throttle._require(token, 'token');
+    IF retry_in IS NOT NULL AND retry_in < interval '0' THEN
+        RAISE EXCEPTION 'retry_in must not be negative' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF retry_in IS NOT NULL AND NOT isfinite(retry_in) THEN
+        RAISE EXCEPTION 'retry_in must be a finite interval' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    WITH failed AS (
+        UPDATE throttle.event e
+        SET last_error = error, lease_until = NULL,
+            state = CASE WHEN e.attempts >= e.max_attempts THEN 'dead' ELSE 'pending' END,
+            completed_at = CASE WHEN e.attempts >= e.max_attempts THEN now END,
+            run_at = CASE WHEN e.attempts >= e.max_attempts THEN e.run_at
+                          ELSE now + coalesce(retry_in,
+                               least(interval '1 hour', interval '10 seconds' * 2 ^ (e.attempts - 1)))
+                     END
+        WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
+          AND throttle._acts_as(e.claimed_role)
+        RETURNING e.*)
+    SELECT array_agg(f) INTO finished FROM failed f;
+    PERFORM throttle._release_groups(finished);
+    RETURN coalesce(cardinality(finished), 0);
+END
+$$;
+COMMENT ON FUNCTION throttle.fail(bigint[], bigint, text, interval) IS
+    'Records a failed attempt: keeps the error and retries after retry_in, or 10 s * 2^(attempts-1) up to 1 hour; after max_attempts the event is dead. Only through the claim token that holds the events, by the claim''s role; returns how many.';
+
+CREATE FUNCTION throttle.extend(ids bigint[], token bigint, lease interval)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    now timestamptz := throttle.now();
+    extended integer;
+    g record;
+BEGIN
+    PERFORM throttle._require(ids, 'ids'), throttle._require(token, 'token');
+    PERFORM throttle._positive(lease, 'lease');
+    UPDATE throttle.event e SET lease_until = now + lease
+    WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
+      AND throttle._acts_as(e.claimed_role);
+    GET DIAGNOSTICS extended = ROW_COUNT;
+    FOR g IN SELECT DISTINCT e.queue, e.group_key FROM throttle.event e
+             WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
+               AND e.group_key IS NOT NULL AND throttle._acts_as(e.claimed_role)
+    LOOP
+        PERFORM throttle._group_renew(g.queue, g.group_key, token, lease);
+    END LOOP;
+    RETURN extended;
+END
+$$;
+COMMENT ON FUNCTION throttle.extend(bigint[], bigint, interval) IS
+    'Extends the claim token on the events to lease from now (and the group''s lease), by the claim''s role; returns how many.';
 
 -- The functions whose definitions changed.
 
@@ -79,13 +203,13 @@ LANGUAGE sql AS $$
     )
     UPDATE throttle.event
     SET state = 'claimed', claimed_at = now, claimed_by = worker, lease_until = now + lease,
-        claim_token = token, attempts = attempts + 1
+        claim_token = token, claimed_role = throttle._caller_role(), attempts = attempts + 1
     WHERE id = ANY (ids) AND attempts < max_attempts
       AND (state = 'pending' OR (state = 'claimed' AND lease_until <= now))
     RETURNING *
 $$;
 COMMENT ON FUNCTION throttle._mark_claimed(bigint[], text, interval, bigint, timestamptz) IS
-    'Internal: claims events for a worker, or makes dead those whose attempts are used up.';
+    'Internal: claims events for a worker and the calling role with token, or makes dead those whose attempts are used up.';
 
 CREATE OR REPLACE FUNCTION throttle.claim(queue text, worker text, lease interval DEFAULT '5 minutes',
                                max integer DEFAULT 1)
@@ -120,13 +244,16 @@ BEGIN
                             AND c.state = 'claimed')
         ORDER BY e.run_at, e.id LIMIT max - coalesce(cardinality(expired), 0)
         FOR UPDATE SKIP LOCKED) AS x;
+    IF expired IS NULL AND due IS NULL THEN
+        RETURN;
+    END IF;
     RETURN QUERY SELECT * FROM throttle._mark_claimed(coalesce(expired, '{}') || coalesce(due, '{}'),
-                                                     worker, lease, NULL, now)
+                                                     worker, lease, throttle._claim_token(), now)
                  ORDER BY run_at, id;
 END
 $$;
 COMMENT ON FUNCTION throttle.claim(text, text, interval, integer) IS
-    'Claims up to max due events without a group_key for worker until lease: claims whose lease expired, then pending events with run_at <= now, oldest first; never waits for rows another worker is claiming. Grouped events are claimed with throttle.claim_group.';
+    'Claims up to max due events without a group_key for worker until lease: claims whose lease expired, then pending events with run_at <= now, oldest first; never waits for rows another worker is claiming. The events carry the claim''s claim_token, which complete, fail and extend need. Grouped events are claimed with throttle.claim_group.';
 
 CREATE OR REPLACE FUNCTION throttle._claim_one_group(queue text, group_key text, worker text, lease interval,
                                           now timestamptz)
