@@ -97,10 +97,34 @@ FROM throttle.status WHERE kind = 'group' AND name = '6:orders:cust:3';
 SELECT throttle.schedule('orders', 'o6', '2031-06-01 14:00:00+00', group_key => 'cust:3') AS o6 \gset
 SELECT count(*) AS still_held_by_the_table FROM throttle.claim_group('orders', 'w-f', '10 minutes');
 
--- purge removes finished events only, and only old ones.
+-- Operators: release a group whoever holds it; its holder is fenced.
+SELECT throttle.schedule('ops', 'p' || g, '2031-06-01 14:00:00+00', group_key => 'cust:9') FROM generate_series(1, 2) g;
+SELECT count(*) AS claimed, min(claim_token) AS ops_token FROM throttle.claim_group('ops', 'w-stuck', '1 hour') \gset
+SELECT :claimed AS claimed;
+SELECT throttle.release_group('ops', 'cust:9') AS released, throttle.release_group('ops', 'cust:9') AS again;
+SELECT throttle.complete(ARRAY(SELECT id FROM throttle.event WHERE queue = 'ops'), :ops_token) AS fenced_holder;
+SELECT item_key, claimed_by, attempts FROM throttle.claim_group('ops', 'w-next', '1 hour');
+
+-- retry many, each with its reason when refused; retry_dead by queue and error.
+SELECT throttle.schedule('ops2', 'd' || g, '2031-06-01 14:00:00+00', max_attempts => 1) FROM generate_series(1, 3) g;
+SELECT array_agg(id ORDER BY id) AS dead_ids, min(claim_token) AS t FROM throttle.claim('ops2', 'w', max => 3) \gset
+SELECT throttle.fail(:'dead_ids'::bigint[], :t, CASE WHEN true THEN 'smtp 451' END) AS died;
+UPDATE throttle.event SET last_error = 'bad address' WHERE id = (:'dead_ids'::bigint[])[3];
+SELECT throttle.schedule('ops2', 'd2', '2031-06-02 00:00:00+00') AS d2_again \gset
+SELECT r.id = (:'dead_ids'::bigint[])[1] AS first, r.retried, r.reason
+FROM throttle.retry(ARRAY[(:'dead_ids'::bigint[])[1], (:'dead_ids'::bigint[])[1], (:'dead_ids'::bigint[])[2], -1, NULL]) AS r;
+SELECT item_key, retried, reason FROM throttle.retry_dead('ops2', error_like => 'bad%') r JOIN throttle.event e USING (id);
+SELECT count(*) AS nothing_left FROM throttle.retry_dead('ops2', error_like => 'bad%');
+SELECT state, count(*) FROM throttle.event WHERE queue = 'ops2' GROUP BY state ORDER BY state;
+
+-- purge removes finished events only, and only old ones; dead events only
+-- when asked.
 SET pg_throttle.test_clock = '2031-06-03 00:00:00+00';
+SELECT count(*) AS dead_before FROM throttle.event WHERE state = 'dead';
+SELECT throttle.purge('1 day', queue => 'ops2') AS purged_one_queue;
 SELECT throttle.purge('1 day') AS purged;
 SELECT state, count(*) FROM throttle.event GROUP BY state ORDER BY state;
+SELECT throttle.purge('1 day', states => '{dead}') AS purged_dead;
 
 -- Bad input.
 SELECT throttle.schedule(NULL, 'k', '2031-06-01');
@@ -116,4 +140,9 @@ SELECT * FROM throttle.claim_group('q', 'w', '-1 minute');
 SELECT throttle.fail(ARRAY[1]::bigint[], 1, 'e', '-1 second');
 SELECT throttle.complete(ARRAY[1]::bigint[], NULL);
 SELECT throttle.purge('-1 day');
+SELECT throttle.purge('1 day', states => '{pending}');
+SELECT throttle.purge('1 day', states => '{}');
+SELECT * FROM throttle.retry(NULL::bigint[]);
+SELECT throttle.retry(NULL::bigint);
+SELECT throttle.release_group('q', NULL);
 RESET pg_throttle.test_clock;

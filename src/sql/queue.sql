@@ -91,6 +91,16 @@ END
 $$;
 COMMENT ON FUNCTION throttle._require(anyelement, text) IS 'Internal: raises 22004 naming the argument when it is NULL.';
 
+CREATE FUNCTION throttle._require_id(id bigint)
+RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    PERFORM throttle._require(id, 'id');
+    RETURN id;
+END
+$$;
+COMMENT ON FUNCTION throttle._require_id(bigint) IS 'Internal: id, or 22004 when it is NULL.';
+
 CREATE FUNCTION throttle._positive(value interval, what text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
@@ -193,6 +203,12 @@ BEGIN
     IF item_key = '' THEN
         RAISE EXCEPTION 'item_key must not be empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF octet_length(item_key) > 1024 OR octet_length(group_key) > 1024 THEN
+        RAISE EXCEPTION '% must have at most 1024 bytes',
+              CASE WHEN octet_length(item_key) > 1024 THEN 'item_key' ELSE 'group_key' END
+              USING ERRCODE = 'invalid_parameter_value',
+                    DETAIL = 'Keys are indexed; an index entry holds at most about 2700 bytes.';
+    END IF;
     INSERT INTO throttle.event AS e (queue, item_key, group_key, payload, run_at, max_attempts,
                                      enqueued_at, enqueued_by)
     VALUES (queue, item_key, group_key, payload, run_at, max_attempts, now, throttle._caller())
@@ -252,7 +268,7 @@ CREATE FUNCTION throttle._mark_claimed(ids bigint[], worker text, lease interval
 RETURNS SETOF throttle.event
 LANGUAGE sql AS $$
     WITH dead AS (
-        UPDATE throttle.event SET state = 'dead', completed_at = now,
+        UPDATE throttle.event SET state = 'dead', completed_at = now, completed_by = claimed_by,
                last_error = coalesce(last_error, 'lease expired ' || attempts || ' times')
         WHERE id = ANY (ids) AND attempts >= max_attempts
           AND (state = 'pending' OR (state = 'claimed' AND lease_until <= now))
@@ -334,7 +350,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     token bigint := throttle._group_take(queue, group_key, worker, lease);
     ids bigint[];
-    due bigint;
+    due_count bigint;
 BEGIN
     IF token IS NULL THEN
         RETURN;  -- another worker holds the group (shared memory)
@@ -344,21 +360,37 @@ BEGIN
         PERFORM throttle._group_release(queue, group_key, token);
         RETURN;
     END IF;
-    -- The group's due events, locked without waiting. When another
-    -- transaction is changing one of them (cancel, reschedule, or a claim or
-    -- complete it has not committed), the group is busy: skipped, never
-    -- waited for, and none of its events claimed before that one.
-    SELECT count(*) INTO due FROM throttle.event e
-    WHERE e.queue = _claim_one_group.queue AND e.group_key = _claim_one_group.group_key
-      AND e.group_key IS NOT NULL AND e.state IN ('pending', 'claimed')  -- event_groups
-      AND (e.state = 'claimed' OR e.run_at <= now);
-    SELECT array_agg(x.id) INTO ids FROM (
+    -- The group's due events, counted and locked in one statement (one
+    -- snapshot), without waiting. When another transaction is changing one
+    -- of them (cancel, reschedule, extend, or a claim or complete it has not
+    -- committed), fewer are locked than counted: the group is busy, skipped,
+    -- never waited for, and none of its events claimed before that one. So
+    -- it is when a locked event turns out claimed with a lease that holds
+    -- (an extend that committed meanwhile). A pending event whose item_key
+    -- has a claimed event (scheduled again while that one runs) waits for it.
+    WITH due AS (
+        SELECT e.id FROM throttle.event e
+        WHERE e.queue = _claim_one_group.queue AND e.group_key = _claim_one_group.group_key
+          AND e.group_key IS NOT NULL AND e.state IN ('pending', 'claimed')  -- event_groups
+          AND (e.state = 'claimed'
+               OR (e.run_at <= now
+                   AND NOT EXISTS (SELECT 1 FROM throttle.event c  -- event_claimed_key
+                                   WHERE c.queue = e.queue AND c.item_key = e.item_key
+                                     AND c.state = 'claimed')))),
+    locked AS (
         SELECT e.id FROM throttle.event e
         WHERE e.queue = _claim_one_group.queue AND e.group_key = _claim_one_group.group_key
           AND e.group_key IS NOT NULL AND e.state IN ('pending', 'claimed')
-          AND (e.state = 'claimed' OR e.run_at <= now)
-        FOR UPDATE SKIP LOCKED) AS x;
-    IF coalesce(cardinality(ids), 0) < due THEN
+          AND (e.state = 'claimed'
+               OR (e.run_at <= now
+                   AND NOT EXISTS (SELECT 1 FROM throttle.event c
+                                   WHERE c.queue = e.queue AND c.item_key = e.item_key
+                                     AND c.state = 'claimed')))
+        FOR UPDATE OF e SKIP LOCKED)
+    SELECT (SELECT count(*) FROM due), (SELECT array_agg(id) FROM locked) INTO due_count, ids;
+    IF coalesce(cardinality(ids), 0) < due_count
+       OR EXISTS (SELECT 1 FROM throttle.event e
+                  WHERE e.id = ANY (ids) AND e.state = 'claimed' AND e.lease_until > now) THEN
         PERFORM throttle._group_release(queue, group_key, token);
         RETURN;
     END IF;
@@ -489,16 +521,27 @@ BEGIN
     IF retry_in IS NOT NULL AND NOT isfinite(retry_in) THEN
         RAISE EXCEPTION 'retry_in must be a finite interval' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- An event whose item_key was scheduled again while it ran has a newer
+    -- run pending: the failed one is superseded by it (cancelled), not
+    -- retried beside it.
     WITH failed AS (
         UPDATE throttle.event e
         SET last_error = error, lease_until = NULL,
-            state = CASE WHEN e.attempts >= e.max_attempts THEN 'dead' ELSE 'pending' END,
+            state = CASE WHEN e.attempts >= e.max_attempts THEN 'dead'
+                         WHEN s.superseded THEN 'cancelled' ELSE 'pending' END,
             completed_at = CASE WHEN e.attempts >= e.max_attempts THEN now END,
-            run_at = CASE WHEN e.attempts >= e.max_attempts THEN e.run_at
+            completed_by = CASE WHEN e.attempts >= e.max_attempts THEN e.claimed_by END,
+            cancelled_at = CASE WHEN e.attempts < e.max_attempts AND s.superseded THEN now END,
+            run_at = CASE WHEN e.attempts >= e.max_attempts OR s.superseded THEN e.run_at
                           ELSE now + coalesce(retry_in,
                                least(interval '1 hour', interval '10 seconds' * 2 ^ (e.attempts - 1)))
                      END
-        WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
+        FROM (SELECT x.id, EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
+                                   WHERE u.queue = x.queue AND u.item_key = x.item_key
+                                     AND u.state = 'pending') AS superseded
+              FROM throttle.event x WHERE x.id = ANY (ids)) AS s
+        WHERE s.id = e.id
+          AND e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
           AND throttle._acts_as(e.claimed_role)
         RETURNING e.*)
     SELECT array_agg(f) INTO finished FROM failed f;
@@ -507,7 +550,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION throttle.fail(bigint[], bigint, text, interval) IS
-    'Records a failed attempt: keeps the error and retries after retry_in, or 10 s * 2^(attempts-1) up to 1 hour; after max_attempts the event is dead. Only through the claim token that holds the events, by the claim''s role; returns how many.';
+    'Records a failed attempt: keeps the error and retries after retry_in, or 10 s * 2^(attempts-1) up to 1 hour; after max_attempts the event is dead, and when its item_key was scheduled again meanwhile it is cancelled, superseded by that newer run. Only through the claim token that holds the events, by the claim''s role; returns how many.';
 
 CREATE FUNCTION throttle.extend(ids bigint[], token bigint, lease interval)
 RETURNS integer
@@ -520,12 +563,15 @@ DECLARE
 BEGIN
     PERFORM throttle._require(ids, 'ids'), throttle._require(token, 'token');
     PERFORM throttle._positive(lease, 'lease');
+    -- A claim whose lease has ended is not revived: another worker may be
+    -- claiming its events at this moment.
     UPDATE throttle.event e SET lease_until = now + lease
     WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
-      AND throttle._acts_as(e.claimed_role);
+      AND e.lease_until > now AND throttle._acts_as(e.claimed_role);
     GET DIAGNOSTICS extended = ROW_COUNT;
     FOR g IN SELECT DISTINCT e.queue, e.group_key FROM throttle.event e
              WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
+               AND e.lease_until = now + lease  -- extended just now
                AND e.group_key IS NOT NULL AND throttle._acts_as(e.claimed_role)
     LOOP
         PERFORM throttle._group_renew(g.queue, g.group_key, token, lease);
@@ -534,44 +580,137 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION throttle.extend(bigint[], bigint, interval) IS
-    'Extends the claim token on the events to lease from now (and the group''s lease), by the claim''s role; returns how many.';
+    'Extends the claim token on the events to lease from now (and the group''s lease), by the claim''s role, while its lease holds: a claim whose lease has ended is not revived. Returns how many.';
+
+-- Operator tools: retry dead events (one, many, or by queue and error),
+-- release a group, purge finished events.
+CREATE FUNCTION throttle.retry(ids bigint[])
+RETURNS TABLE (id bigint, retried boolean, reason text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    wanted bigint;
+    ev throttle.event;
+    now timestamptz := throttle.now();
+BEGIN
+    PERFORM throttle._require(ids, 'ids');
+    FOREACH wanted IN ARRAY ids LOOP
+        id := wanted;
+        retried := false;
+        reason := NULL;
+        SELECT * INTO ev FROM throttle.event e WHERE e.id = wanted FOR UPDATE;
+        IF NOT FOUND THEN
+            reason := 'no such event';
+        ELSIF ev.state <> 'dead' THEN
+            reason := 'the event is ' || ev.state || ', not dead';
+        ELSIF EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
+                      WHERE u.queue = ev.queue AND u.item_key = ev.item_key AND u.state = 'pending') THEN
+            reason := 'its item_key has a pending event';
+        ELSE
+            UPDATE throttle.event e SET state = 'pending', attempts = 0, run_at = now, completed_at = NULL,
+                   completed_by = NULL
+            WHERE e.id = wanted;
+            PERFORM pg_notify(ev.queue, wanted::text);
+            retried := true;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION throttle.retry(bigint[]) IS
+    'Brings dead events back: pending, due now, attempts reset. One row per id: whether it was retried and, when not, why (no such event, not dead, or its item_key has a pending event).';
 
 CREATE FUNCTION throttle.retry(id bigint)
 RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT r.retried FROM throttle.retry(ARRAY[throttle._require_id(id)]) AS r
+$$;
+COMMENT ON FUNCTION throttle.retry(bigint) IS
+    'Brings a dead event back: pending, due now, attempts reset; false when it is not dead or its item_key has a pending event again (throttle.retry(bigint[]) says why).';
+
+CREATE FUNCTION throttle.retry_dead(queue text, error_like text DEFAULT NULL,
+                                    dead_since timestamptz DEFAULT NULL)
+RETURNS TABLE (id bigint, retried boolean, reason text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 BEGIN
-    PERFORM throttle._require(id, 'id');
-    UPDATE throttle.event e SET state = 'pending', attempts = 0, run_at = throttle.now(),
-           completed_at = NULL
-    WHERE e.id = retry.id AND e.state = 'dead'
-      AND NOT EXISTS (SELECT 1 FROM throttle.event u
-                      WHERE u.queue = e.queue AND u.item_key = e.item_key
-                        AND u.state = 'pending');
-    RETURN FOUND;
+    PERFORM throttle._require(queue, 'queue');
+    RETURN QUERY SELECT * FROM throttle.retry(ARRAY(
+        SELECT e.id FROM throttle.event e
+        WHERE e.queue = retry_dead.queue AND e.state = 'dead'
+          AND (error_like IS NULL OR e.last_error LIKE error_like)
+          AND (dead_since IS NULL OR e.completed_at >= dead_since)
+        ORDER BY e.id));
 END
 $$;
-COMMENT ON FUNCTION throttle.retry(bigint) IS
-    'Brings a dead event back: pending, due now, attempts reset; false when it is not dead or its item_key has a pending event again.';
+COMMENT ON FUNCTION throttle.retry_dead(text, text, timestamptz) IS
+    'Retries the dead events of a queue, those whose last_error is LIKE error_like and that died at or after dead_since when given; one row per event, as throttle.retry(bigint[]).';
 
-CREATE FUNCTION throttle.purge(older_than interval)
+CREATE FUNCTION throttle._group_reset(queue text, group_key text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'pg_throttle_group_reset'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle._group_reset(text, text) IS
+    'Internal: ends whatever lease holds a group of a queue in shared memory.';
+REVOKE EXECUTE ON FUNCTION throttle._group_reset(text, text) FROM PUBLIC;
+
+CREATE FUNCTION throttle.release_group(queue text, group_key text)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    released integer;
+BEGIN
+    PERFORM throttle._require(queue, 'queue'), throttle._require(group_key, 'group_key');
+    -- An event whose item_key has a newer run pending is superseded by it.
+    UPDATE throttle.event e
+    SET state = CASE WHEN s.superseded THEN 'cancelled' ELSE 'pending' END,
+        cancelled_at = CASE WHEN s.superseded THEN throttle.now() END,
+        lease_until = NULL, claim_token = NULL
+    FROM (SELECT x.id, EXISTS (SELECT 1 FROM throttle.event u
+                               WHERE u.queue = x.queue AND u.item_key = x.item_key
+                                 AND u.state = 'pending') AS superseded
+          FROM throttle.event x
+          WHERE x.queue = release_group.queue AND x.group_key = release_group.group_key
+            AND x.group_key IS NOT NULL AND x.state = 'claimed') AS s  -- event_claimed_groups
+    WHERE s.id = e.id AND e.state = 'claimed';
+    GET DIAGNOSTICS released = ROW_COUNT;
+    -- Until this commits the rows still say claimed, which keeps the group
+    -- from every other worker.
+    PERFORM throttle._group_reset(queue, group_key);
+    RETURN released;
+END
+$$;
+COMMENT ON FUNCTION throttle.release_group(text, text) IS
+    'Ends the claim on a group of a queue, whoever holds it: its claimed events are pending again (due, their attempts kept) and the holder is fenced. Returns how many events it handed back. For operators.';
+REVOKE EXECUTE ON FUNCTION throttle.release_group(text, text) FROM PUBLIC;
+
+CREATE FUNCTION throttle.purge(older_than interval, queue text DEFAULT NULL,
+                               states text[] DEFAULT '{done,cancelled}')
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     purged bigint;
 BEGIN
-    PERFORM throttle._require(older_than, 'older_than');
+    PERFORM throttle._require(older_than, 'older_than'), throttle._require(states, 'states');
     IF older_than < interval '0' THEN
         RAISE EXCEPTION 'older_than must not be negative' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    DELETE FROM throttle.event
-    WHERE state IN ('done', 'dead', 'cancelled')
-      AND coalesce(completed_at, cancelled_at) < throttle.now() - older_than;
+    IF cardinality(states) = 0 OR NOT states <@ ARRAY['done', 'dead', 'cancelled']
+       OR array_position(states, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'states must name finished states: done, dead, cancelled'
+              USING ERRCODE = 'invalid_parameter_value',
+                    DETAIL = 'Pending and claimed events are never purged.';
+    END IF;
+    DELETE FROM throttle.event e
+    WHERE e.state IN ('done', 'dead', 'cancelled') AND e.state = ANY (states)
+      AND (purge.queue IS NULL OR e.queue = purge.queue)
+      AND coalesce(e.completed_at, e.cancelled_at) < throttle.now() - older_than;
     GET DIAGNOSTICS purged = ROW_COUNT;
     RETURN purged;
 END
 $$;
-COMMENT ON FUNCTION throttle.purge(interval) IS
-    'Deletes finished events (done, dead, cancelled) that finished more than older_than ago; returns how many. The only way rows leave the queue.';
-REVOKE EXECUTE ON FUNCTION throttle.purge(interval) FROM PUBLIC;
+COMMENT ON FUNCTION throttle.purge(interval, text, text[]) IS
+    'Deletes finished events that finished more than older_than ago, of one queue or all, in the given states: done and cancelled unless asked; dead events, which nobody has resolved, only when states names them. Returns how many. The only way rows leave the queue.';
+REVOKE EXECUTE ON FUNCTION throttle.purge(interval, text, text[]) FROM PUBLIC;

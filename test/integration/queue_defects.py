@@ -32,13 +32,17 @@ PROMPT = 3.0  # seconds: a call that takes longer waited for a row lock
 
 def timed(conn, sql, params=None):
     """Runs sql on conn in a thread and waits up to 10 s for it; returns
-    (result, seconds, thread): result["rows"] holds the rows once it ends."""
+    (result, seconds, thread): result["rows"] holds the rows once it ends,
+    result["error"] the error it raised."""
     out = {}
 
     def run():
-        with conn.cursor() as cur:
-            cur.execute(sql, params)
-            out["rows"] = cur.fetchall()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql, params)
+                out["rows"] = cur.fetchall()
+        except Exception as e:  # noqa: BLE001 - reported by the caller's checks
+            out["error"] = str(e)
 
     t0 = time.monotonic()
     t = threading.Thread(target=run)
@@ -66,21 +70,24 @@ def claim_group_during(tap, admin, queue, change, what):
                                  (queue,))
     other.commit()
     thread.join(timeout=30)
-    rows = result.get("rows", [])
-    tap.ok(took < PROMPT, f"claim_group does not wait for a transaction that {what} an event of the group",
-           f"it took {took:.1f} s")
+    rows = result.get("rows")
+    tap.ok(took < PROMPT and rows == [],
+           f"claim_group skips a group while another transaction {what} one of its events, without waiting",
+           f"it took {took:.1f} s and returned {rows}, error {result.get('error')}")
     state = one(admin, "SELECT state, claimed_at IS NULL FROM throttle.event WHERE queue = %s AND item_key = 'a1' "
                 "ORDER BY id DESC LIMIT 1", (queue,))
-    claimed_keys = sorted(r[1] for r in rows)
-    tap.ok("a1" not in claimed_keys and state[1],
-           f"an event the other transaction {what} is not claimed", f"claimed {claimed_keys}, a1 is {state}")
+    after = one(admin, "SELECT array_agg(item_key ORDER BY item_key) FROM throttle.claim_group(%s, 'w2', '5 minutes')",
+                (queue,))[0]
+    tap.ok(after == ["a2"] and state[1],
+           f"after the commit, the group is claimed without the event the other transaction {what}",
+           f"claimed {after}, a1 is {state}")
     other.close()
     worker.close()
     return state
 
 
 def main():
-    tap = Tap(27)
+    tap = Tap(34)
     admin = connect()
     cur = admin.cursor()
 
@@ -101,13 +108,16 @@ def main():
     acur.execute("SELECT id, claim_token FROM throttle.claim_group('d.open', 'wa', '5 minutes')")
     a_rows = acur.fetchall()
     acur.execute("SELECT throttle.complete(%s::bigint[], %s)", ([r[0] for r in a_rows], a_rows[0][1]))
+    held_before_commit = one(admin, "SELECT count(*) FROM throttle.status WHERE kind = 'group' "
+                                    "AND name = '6:d.open:g'")[0]
     b = connect(options="-c statement_timeout=20s")
     result, took, thread = timed(b, "SELECT id FROM throttle.claim_group('d.open', 'wb', '5 minutes')")
     a.commit()
     thread.join(timeout=30)
     rows = result.get("rows", [])
-    tap.ok(took < PROMPT, "claim_group does not wait for another worker's uncommitted claim and complete",
-           f"it took {took:.1f} s")
+    tap.ok(took < PROMPT and rows == [] and held_before_commit == 1,
+           "a group completed in a transaction not yet committed stays held: others skip it, without waiting",
+           f"it took {took:.1f} s, returned {rows}, error {result.get('error')}; leases held {held_before_commit}")
     again = one(b, "SELECT array_agg(id) FROM throttle.claim_group('d.open', 'wb', '5 minutes')")[0]
     claimed = sorted([r[0] for r in rows] + (again or []))
     tap.is_(claimed, [], "no event completed by the other worker is claimed again, before or after its commit")
@@ -242,6 +252,50 @@ def main():
     cur.execute("RESET ROLE")
     tap.ok(claims[0][1] is not None and claims[1][1] is not None and claims[1][1] > claims[0][1],
            "every claim of ungrouped events has a token of its own, greater than the one before", claims)
+
+    # 28: fail of a claimed event whose item_key was scheduled again.
+    fresh(cur, "d.superseded")
+    cur.execute("SELECT throttle.schedule('d.superseded', 'k', now(), '{\"v\": 1}')")
+    old = one(admin, "SELECT id, claim_token FROM throttle.claim('d.superseded', 'w1')")
+    cur.execute("SELECT throttle.schedule('d.superseded', 'k', now(), '{\"v\": 2}')")
+    failed = sql_error(admin, "SELECT throttle.fail(ARRAY[%s]::bigint[], %s, 'boom')", old)
+    tap.is_((failed, one(admin, "SELECT array_agg(state || ':' || (payload->>'v') ORDER BY id) FROM throttle.event "
+                                "WHERE queue = 'd.superseded'")[0]),
+            (None, ["cancelled:1", "pending:2"]),
+            "fail of a claimed event scheduled again meanwhile: it is superseded by the newer run, no error")
+
+    # 29-30: the newer run of a claimed event is not claimed by claim_group,
+    # whether the claimed one is ungrouped or in the same group.
+    fresh(cur, "d.succ")
+    cur.execute("SELECT throttle.schedule('d.succ', 'k', now())")
+    running = one(admin, "SELECT id, claim_token FROM throttle.claim('d.succ', 'w1')")
+    cur.execute("SELECT throttle.schedule('d.succ', 'k', now(), group_key => 'g')")
+    tap.is_(one(b, "SELECT count(*) FROM throttle.claim_group('d.succ', 'w2', '5 minutes')")[0], 0,
+            "claim_group leaves a newer run alone while the claimed one runs")
+    cur.execute("SELECT throttle.complete(ARRAY[%s]::bigint[], %s)", running)
+    tap.is_(one(b, "SELECT count(*) FROM throttle.claim_group('d.succ', 'w2', '5 minutes')")[0], 1,
+            "and claims it once that one is done")
+
+    # 31-32: extend does not revive a claim whose lease has ended; a group
+    # taken over meanwhile stays with its new holder.
+    fresh(cur, "d.extend")
+    cur.execute("SELECT throttle.schedule('d.extend', 'e' || g, now(), group_key => 'g') FROM generate_series(1, 2) g")
+    first = one(admin, "SELECT array_agg(id), min(claim_token) FROM throttle.claim_group('d.extend', 'wa', '5 minutes')")
+    later = connect()
+    execute(later, "SET pg_throttle.test_clock = %s",
+            (str(datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(minutes=10)),))
+    tap.is_(one(later, "SELECT throttle.extend(%s, %s, '5 minutes')", first)[0], 0,
+            "extend of a claim whose lease has ended changes nothing")
+    taken = one(later, "SELECT count(*) FROM throttle.claim_group('d.extend', 'wb', '5 minutes')")[0]
+    tap.is_((taken, one(later, "SELECT count(DISTINCT claim_token) FROM throttle.event WHERE queue = 'd.extend'")[0]),
+            (2, 1), "the group goes to the next worker whole")
+    later.close()
+
+    # 33-34: keys are indexed: at most 1024 bytes.
+    tap.is_((sql_error(admin, "SELECT throttle.schedule('d.keys', 'k', now(), group_key => repeat('g', 1025))")
+             or ("",))[:2], ("22023", "group_key must have at most 1024 bytes"), "a longer group_key: 22023")
+    tap.is_((sql_error(admin, "SELECT throttle.schedule('d.keys', repeat('k', 1025), now())") or ("",))[:2],
+            ("22023", "item_key must have at most 1024 bytes"), "a longer item_key: 22023")
     b.close()
     admin.close()
     tap.done()

@@ -1,6 +1,6 @@
 -- The event queue: signatures, error codes, privileges, index use.
 BEGIN;
-SELECT plan(25);
+SELECT plan(28);
 SET LOCAL pg_throttle.test_clock = '2038-01-01 00:00:00+00';
 
 SELECT has_table('throttle', 'event', 'catalog table throttle.event');
@@ -16,7 +16,10 @@ SELECT function_returns('throttle', 'extend', ARRAY['bigint[]', 'bigint', 'inter
 SELECT hasnt_function('throttle', 'complete', ARRAY['bigint[]', 'text'],
     'complete by worker name is gone: a name anyone can type is no claim');
 SELECT function_returns('throttle', 'retry', ARRAY['bigint'], 'boolean');
-SELECT function_returns('throttle', 'purge', ARRAY['interval'], 'bigint');
+SELECT function_returns('throttle', 'purge', ARRAY['interval', 'text', 'text[]'], 'bigint');
+SELECT function_returns('throttle', 'retry', ARRAY['bigint[]'], 'setof record');
+SELECT function_returns('throttle', 'retry_dead', ARRAY['text', 'text', 'timestamp with time zone'], 'setof record');
+SELECT function_returns('throttle', 'release_group', ARRAY['text', 'text'], 'integer');
 
 SELECT throws_ok($$SELECT throttle.schedule(NULL, 'k', now())$$, '22004', 'queue must not be NULL', 'NULL queue: 22004');
 SELECT throws_ok($$SELECT throttle.schedule('q', 'k', now(), max_attempts => 0)$$, '22023', 'max_attempts must be positive', 'max_attempts 0: 22023');
@@ -28,8 +31,9 @@ SELECT ok(NOT has_table_privilege('public', 'throttle.event', 'INSERT')
     'everyone may read the queue; changes go through the functions');
 SELECT ok(NOT has_column_privilege('public', 'throttle.event', 'claim_token', 'SELECT'),
     'but not the claims'' tokens');
-SELECT ok(NOT has_function_privilege('public', 'throttle.purge(interval)', 'EXECUTE'),
-    'only privileged roles may purge');
+SELECT ok(NOT has_function_privilege('public', 'throttle.purge(interval, text, text[])', 'EXECUTE')
+          AND NOT has_function_privilege('public', 'throttle.release_group(text, text)', 'EXECUTE'),
+    'only privileged roles may purge and release groups');
 
 -- The functions find rows through indexes, not by scanning the backlog.
 INSERT INTO throttle.event (queue, item_key, group_key, run_at, state, enqueued_at, enqueued_by, completed_at)

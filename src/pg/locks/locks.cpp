@@ -570,7 +570,7 @@ RenewResult lock_renew(const RegistryKey& key, int64 token, int64 ttl) {
     return call.done ? RenewResult::kRenewed : RenewResult::kNotHeld;
 }
 
-void lock_release_after_abort(const RegistryKey& key, int64 token) {
+void lock_release_at_transaction_end(const RegistryKey& key, int64 token) {
     release_after_error(key, token);
 }
 

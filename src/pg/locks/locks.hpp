@@ -36,8 +36,9 @@ enum class RenewResult { kRenewed, kNotHeld, kSessionLock };
 RenewResult lock_renew(const RegistryKey& key, int64 token, int64 ttl);
 
 // Releases `key` held with `token` by this backend while its transaction
-// aborts: raises no error and writes no WAL.
-void lock_release_after_abort(const RegistryKey& key, int64 token);
+// commits or aborts, where nothing may fail: raises no error, writes no WAL
+// and hands out no token (for queue group leases, which have no waiters).
+void lock_release_at_transaction_end(const RegistryKey& key, int64 token);
 
 // Ends whatever grant holds the lock of `key` (throttle.reset): the earliest
 // waiter gets it, or it is free. Returns whether it was held.

@@ -1,6 +1,6 @@
 // The lease that holds a group of the event queue (throttle.claim_group):
-// throttle._group_take, _group_release, _group_release_at_commit and
-// _group_renew. Internal: called by the queue's SECURITY DEFINER functions,
+// throttle._group_take, _group_release, _group_release_at_commit,
+// _group_renew and _group_reset. Internal: called by the queue's SECURITY DEFINER functions,
 // not granted to PUBLIC.
 //
 // Groups have a kind of their own (EntryKind::kQueueGroup), so no name given
@@ -106,6 +106,14 @@ Datum group_release_at_commit(FunctionCallInfo fcinfo) {
     PG_RETURN_VOID();
 }
 
+// (queue, group_key) -> whether a lease held the group (throttle.release_group).
+Datum group_reset(FunctionCallInfo fcinfo) {
+    registry_require();
+    RegistryKey key;
+    group_key(fcinfo, &key);
+    PG_RETURN_BOOL(lock_reset(key));
+}
+
 // (queue, group_key, token, lease) -> renewed.
 Datum group_renew(FunctionCallInfo fcinfo) {
     registry_require();
@@ -124,4 +132,5 @@ PG_THROTTLE_SQL_FUNCTION(pg_throttle_group_take, pg_throttle::pg::group_take)
 PG_THROTTLE_SQL_FUNCTION(pg_throttle_group_release, pg_throttle::pg::group_release)
 PG_THROTTLE_SQL_FUNCTION(pg_throttle_group_release_at_commit,
                          pg_throttle::pg::group_release_at_commit)
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_group_reset, pg_throttle::pg::group_reset)
 PG_THROTTLE_SQL_FUNCTION(pg_throttle_group_renew, pg_throttle::pg::group_renew)

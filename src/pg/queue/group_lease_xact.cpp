@@ -30,23 +30,11 @@ void drop(int i) {
     pending_count--;
 }
 
-// At the commit, before it is visible: the releases asked for. An error here
-// aborts the transaction, which then releases what it took.
-void release_asked_for() {
-    for (int i = 0; i < pending_count;) {
-        if (pending[i].what == Pending::kReleaseAtCommit) {
-            const PendingLease lease = pending[i];
-            drop(i);
-            lock_release(lease.key, lease.token);
-        } else {
-            i++;
-        }
-    }
-}
-
-// At a rollback of `subid` (InvalidSubTransactionId: the whole transaction):
-// the leases taken are released, the releases asked for forgotten.
-void roll_back(SubTransactionId subid) {
+// At the end of the transaction (InvalidSubTransactionId) or of the
+// subtransaction `subid`: what it asked for ends. At a commit the releases
+// asked for are done, at a rollback the leases taken are released; the rest
+// is forgotten. Nothing here raises an error: the commit has happened.
+void end(SubTransactionId subid, bool committed) {
     for (int i = 0; i < pending_count;) {
         if (subid != InvalidSubTransactionId && pending[i].subid != subid) {
             i++;
@@ -54,27 +42,28 @@ void roll_back(SubTransactionId subid) {
         }
         const PendingLease lease = pending[i];
         drop(i);
-        if (lease.what == Pending::kTaken) {
-            lock_release_after_abort(lease.key, lease.token);
+        const Pending release = committed ? Pending::kReleaseAtCommit : Pending::kTaken;
+        if (lease.what == release) {
+            lock_release_at_transaction_end(lease.key, lease.token);
         }
     }
 }
 
 void on_transaction(XactEvent event, void* /*arg*/) {
     switch (event) {
-        case XACT_EVENT_PRE_COMMIT:
-        case XACT_EVENT_PARALLEL_PRE_COMMIT:
-            release_asked_for();
+        case XACT_EVENT_COMMIT:
+        case XACT_EVENT_PARALLEL_COMMIT:
+            end(InvalidSubTransactionId, true);
             break;
         case XACT_EVENT_ABORT:
         case XACT_EVENT_PARALLEL_ABORT:
-            roll_back(InvalidSubTransactionId);
+            end(InvalidSubTransactionId, false);
             break;
-        case XACT_EVENT_COMMIT:
-        case XACT_EVENT_PARALLEL_COMMIT:
         case XACT_EVENT_PREPARE:
             pending_count = 0;
             break;
+        case XACT_EVENT_PRE_COMMIT:
+        case XACT_EVENT_PARALLEL_PRE_COMMIT:
         case XACT_EVENT_PRE_PREPARE:
             break;
     }
@@ -84,7 +73,7 @@ void on_subtransaction(SubXactEvent event, SubTransactionId subid, SubTransactio
                        void* /*arg*/) {
     switch (event) {
         case SUBXACT_EVENT_ABORT_SUB:
-            roll_back(subid);
+            end(subid, false);
             break;
         case SUBXACT_EVENT_COMMIT_SUB:
             for (int i = 0; i < pending_count; i++) {

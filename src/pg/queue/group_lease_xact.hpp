@@ -8,9 +8,10 @@
 //   a savepoint, is released at that rollback: the events stay pending and
 //   the group is free again;
 // - a release asked for by complete or fail happens when their transaction
-//   commits, not before: until then the rows still say "claimed" to every
-//   other session, and the lease keeps other workers off the group instead
-//   of leaving them to wait on its row locks.
+//   has committed, not before: until then the rows still say "claimed" to
+//   every other session, and the lease keeps other workers off the group
+//   instead of leaving them to wait on its row locks. (A commit that fails,
+//   a serialization failure, keeps the lease.)
 //
 // At PREPARE TRANSACTION neither happens: a lease taken stays until it
 // expires or is released, and a release asked for is dropped, so the group
