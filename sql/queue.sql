@@ -22,7 +22,7 @@ SELECT state, cancelled_at FROM throttle.event WHERE id = :dee;
 SELECT throttle.schedule('mail', 'welcome:dee', '2031-06-02 00:00:00+00') <> :dee AS new_event;
 
 -- claim: due events, oldest first, up to max.
-SELECT item_key, state, claimed_by, claimed_role, attempts, lease_until, claim_token IS NOT NULL AS has_token
+SELECT item_key, state, claimed_by, claimed_role::regrole, attempts, lease_until, claim_token IS NOT NULL AS has_token
 FROM throttle.claim('mail', 'worker-1', '1 minute', 10);
 SELECT claim_token AS w1 FROM throttle.event WHERE id = :bob \gset
 SELECT count(*) AS nothing_more_due FROM throttle.claim('mail', 'worker-2');

@@ -37,7 +37,7 @@ CREATE TABLE throttle.event (
     completed_by  text,
     cancelled_at  timestamptz,
     last_error    text,
-    claimed_role  name
+    claimed_role  oid
 );
 COMMENT ON TABLE throttle.event IS
     'The scheduled event queue. state: pending (waits for run_at), claimed (a worker holds it until lease_until), done, dead (max_attempts used up; throttle.retry brings it back), cancelled. Rows are kept until throttle.purge.';
@@ -45,7 +45,7 @@ COMMENT ON COLUMN throttle.event.item_key IS 'Natural key, unique among the pend
 COMMENT ON COLUMN throttle.event.group_key IS 'Events of one group are claimed together by throttle.claim_group, by one worker at a time.';
 COMMENT ON COLUMN throttle.event.attempts IS 'Claims so far; a claim beyond max_attempts makes the event dead.';
 COMMENT ON COLUMN throttle.event.claim_token IS 'Token of the current claim, which complete, fail and extend need (the group lease''s token for group claims). The claimer gets it from claim or claim_group; PUBLIC may read every other column, not this one.';
-COMMENT ON COLUMN throttle.event.claimed_role IS 'The role that made the current claim: only it (its members, superusers) may complete, fail or extend it.';
+COMMENT ON COLUMN throttle.event.claimed_role IS 'The role that made the current claim (an oid: claimed_role::regrole shows its name): only it, its members and superusers may complete, fail or extend it.';
 
 -- Every function below finds its rows through one of these, whatever the
 -- number of pending, claimed or finished events. complete, fail and extend
@@ -159,17 +159,17 @@ COMMENT ON FUNCTION throttle._caller() IS
     'Internal: who is calling, for enqueued_by: the role the session acts as (not the owner of a SECURITY DEFINER function), and its application_name.';
 
 CREATE FUNCTION throttle._caller_role()
-RETURNS name
+RETURNS oid
 AS 'MODULE_PATHNAME', 'pg_throttle_caller_role'
 LANGUAGE C VOLATILE PARALLEL SAFE;
 COMMENT ON FUNCTION throttle._caller_role() IS
     'Internal: the role the session acts as, which a claim belongs to.';
 
-CREATE FUNCTION throttle._acts_as(role name)
+CREATE FUNCTION throttle._acts_as(role oid)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'pg_throttle_acts_as'
 LANGUAGE C VOLATILE PARALLEL SAFE;
-COMMENT ON FUNCTION throttle._acts_as(name) IS
+COMMENT ON FUNCTION throttle._acts_as(oid) IS
     'Internal: whether the calling role has the privileges of role (a claim''s); NULL or a dropped role: superusers only.';
 
 CREATE FUNCTION throttle._claim_token()
@@ -267,21 +267,31 @@ CREATE FUNCTION throttle._mark_claimed(ids bigint[], worker text, lease interval
                                        now timestamptz)
 RETURNS SETOF throttle.event
 LANGUAGE sql AS $$
-    WITH dead AS (
+    WITH superseded AS (
+        -- A claim that expired while a newer run of its item_key waits: the
+        -- newer run replaces it.
+        UPDATE throttle.event e SET state = 'cancelled', cancelled_at = now, lease_until = NULL
+        WHERE e.id = ANY (ids) AND e.state = 'claimed' AND e.lease_until <= now
+          AND EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
+                      WHERE u.queue = e.queue AND u.item_key = e.item_key AND u.state = 'pending')
+        RETURNING e.id
+    ), dead AS (
         UPDATE throttle.event SET state = 'dead', completed_at = now, completed_by = claimed_by,
                last_error = coalesce(last_error, 'lease expired ' || attempts || ' times')
         WHERE id = ANY (ids) AND attempts >= max_attempts
           AND (state = 'pending' OR (state = 'claimed' AND lease_until <= now))
+          AND id NOT IN (SELECT id FROM superseded)
     )
     UPDATE throttle.event
     SET state = 'claimed', claimed_at = now, claimed_by = worker, lease_until = now + lease,
         claim_token = token, claimed_role = throttle._caller_role(), attempts = attempts + 1
     WHERE id = ANY (ids) AND attempts < max_attempts
       AND (state = 'pending' OR (state = 'claimed' AND lease_until <= now))
+      AND id NOT IN (SELECT id FROM superseded)
     RETURNING *
 $$;
 COMMENT ON FUNCTION throttle._mark_claimed(bigint[], text, interval, bigint, timestamptz) IS
-    'Internal: claims events for a worker and the calling role with token, or makes dead those whose attempts are used up.';
+    'Internal: claims events for a worker and the calling role with token; makes dead those whose attempts are used up, and cancels expired claims superseded by a newer pending run of their item_key.';
 
 -- Whether a group of the queue is held by a claim whose lease holds (the durable truth).
 CREATE FUNCTION throttle._group_held(queue text, group_key text, now timestamptz)
@@ -492,6 +502,18 @@ DECLARE
     finished throttle.event[];
 BEGIN
     PERFORM throttle._require(ids, 'ids'), throttle._require(token, 'token');
+    -- Every event of the group claims these ids belong to, locked in id
+    -- order before any is changed: two transactions that each finish part of
+    -- one group claim then see each other's end, and the last one releases
+    -- the group.
+    PERFORM 1 FROM throttle.event g
+    WHERE g.state = 'claimed' AND g.group_key IS NOT NULL AND g.claim_token = token
+      AND throttle._acts_as(g.claimed_role)
+      AND (g.queue, g.group_key) IN (SELECT e.queue, e.group_key FROM throttle.event e
+                                     WHERE e.id = ANY (ids) AND e.group_key IS NOT NULL
+                                       AND e.claim_token = token)
+    ORDER BY g.id
+    FOR UPDATE OF g;
     WITH done AS (
         UPDATE throttle.event e SET state = 'done', completed_at = throttle.now(),
                completed_by = e.claimed_by, lease_until = NULL
@@ -521,30 +543,52 @@ BEGIN
     IF retry_in IS NOT NULL AND NOT isfinite(retry_in) THEN
         RAISE EXCEPTION 'retry_in must be a finite interval' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Every event of the group claims these ids belong to, locked in id
+    -- order before any is changed: two transactions that each finish part of
+    -- one group claim then see each other's end, and the last one releases
+    -- the group.
+    PERFORM 1 FROM throttle.event g
+    WHERE g.state = 'claimed' AND g.group_key IS NOT NULL AND g.claim_token = token
+      AND throttle._acts_as(g.claimed_role)
+      AND (g.queue, g.group_key) IN (SELECT e.queue, e.group_key FROM throttle.event e
+                                     WHERE e.id = ANY (ids) AND e.group_key IS NOT NULL
+                                       AND e.claim_token = token)
+    ORDER BY g.id
+    FOR UPDATE OF g;
     -- An event whose item_key was scheduled again while it ran has a newer
     -- run pending: the failed one is superseded by it (cancelled), not
-    -- retried beside it.
-    WITH failed AS (
-        UPDATE throttle.event e
-        SET last_error = error, lease_until = NULL,
-            state = CASE WHEN e.attempts >= e.max_attempts THEN 'dead'
-                         WHEN s.superseded THEN 'cancelled' ELSE 'pending' END,
-            completed_at = CASE WHEN e.attempts >= e.max_attempts THEN now END,
-            completed_by = CASE WHEN e.attempts >= e.max_attempts THEN e.claimed_by END,
-            cancelled_at = CASE WHEN e.attempts < e.max_attempts AND s.superseded THEN now END,
-            run_at = CASE WHEN e.attempts >= e.max_attempts OR s.superseded THEN e.run_at
-                          ELSE now + coalesce(retry_in,
-                               least(interval '1 hour', interval '10 seconds' * 2 ^ (e.attempts - 1)))
-                     END
-        FROM (SELECT x.id, EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
-                                   WHERE u.queue = x.queue AND u.item_key = x.item_key
-                                     AND u.state = 'pending') AS superseded
-              FROM throttle.event x WHERE x.id = ANY (ids)) AS s
-        WHERE s.id = e.id
-          AND e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
-          AND throttle._acts_as(e.claimed_role)
-        RETURNING e.*)
-    SELECT array_agg(f) INTO finished FROM failed f;
+    -- retried beside it. A newer run that commits while this runs is seen
+    -- as a unique violation: then again, with it in view.
+    FOR attempt IN 1 .. 3 LOOP
+        BEGIN
+            WITH failed AS (
+                UPDATE throttle.event e
+                SET last_error = error, lease_until = NULL,
+                    state = CASE WHEN e.attempts >= e.max_attempts THEN 'dead'
+                                 WHEN s.superseded THEN 'cancelled' ELSE 'pending' END,
+                    completed_at = CASE WHEN e.attempts >= e.max_attempts THEN now END,
+                    completed_by = CASE WHEN e.attempts >= e.max_attempts THEN e.claimed_by END,
+                    cancelled_at = CASE WHEN e.attempts < e.max_attempts AND s.superseded THEN now END,
+                    run_at = CASE WHEN e.attempts >= e.max_attempts OR s.superseded THEN e.run_at
+                                  ELSE now + coalesce(retry_in,
+                                       least(interval '1 hour', interval '10 seconds' * 2 ^ least(e.attempts - 1, 16)))
+                             END
+                FROM (SELECT x.id, EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
+                                           WHERE u.queue = x.queue AND u.item_key = x.item_key
+                                             AND u.state = 'pending') AS superseded
+                      FROM throttle.event x WHERE x.id = ANY (ids)) AS s
+                WHERE s.id = e.id
+                  AND e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
+                  AND throttle._acts_as(e.claimed_role)
+                RETURNING e.*)
+            SELECT array_agg(f) INTO finished FROM failed f;
+            EXIT;
+        EXCEPTION WHEN unique_violation THEN
+            IF attempt = 3 THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
     PERFORM throttle._release_groups(finished);
     RETURN coalesce(cardinality(finished), 0);
 END
@@ -598,27 +642,32 @@ BEGIN
         id := wanted;
         retried := false;
         reason := NULL;
-        SELECT * INTO ev FROM throttle.event e WHERE e.id = wanted FOR UPDATE;
+        -- Only dead events are locked: a retry of any other id reads it.
+        SELECT * INTO ev FROM throttle.event e WHERE e.id = wanted AND e.state = 'dead' FOR UPDATE;
         IF NOT FOUND THEN
-            reason := 'no such event';
-        ELSIF ev.state <> 'dead' THEN
-            reason := 'the event is ' || ev.state || ', not dead';
-        ELSIF EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
-                      WHERE u.queue = ev.queue AND u.item_key = ev.item_key AND u.state = 'pending') THEN
-            reason := 'its item_key has a pending event';
+            SELECT * INTO ev FROM throttle.event e WHERE e.id = wanted;
+            reason := CASE WHEN FOUND THEN 'the event is ' || ev.state || ', not dead' ELSE 'no such event' END;
+        ELSIF EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key, event_claimed_key
+                      WHERE u.queue = ev.queue AND u.item_key = ev.item_key
+                        AND u.state IN ('pending', 'claimed')) THEN
+            reason := 'its item_key has a newer run, pending or claimed';
         ELSE
-            UPDATE throttle.event e SET state = 'pending', attempts = 0, run_at = now, completed_at = NULL,
-                   completed_by = NULL
-            WHERE e.id = wanted;
-            PERFORM pg_notify(ev.queue, wanted::text);
-            retried := true;
+            BEGIN
+                UPDATE throttle.event e SET state = 'pending', attempts = 0, run_at = now,
+                       completed_at = NULL, completed_by = NULL
+                WHERE e.id = wanted;
+                PERFORM pg_notify(ev.queue, wanted::text);
+                retried := true;
+            EXCEPTION WHEN unique_violation THEN
+                reason := 'its item_key has a newer run, pending or claimed';
+            END;
         END IF;
         RETURN NEXT;
     END LOOP;
 END
 $$;
 COMMENT ON FUNCTION throttle.retry(bigint[]) IS
-    'Brings dead events back: pending, due now, attempts reset. One row per id: whether it was retried and, when not, why (no such event, not dead, or its item_key has a pending event).';
+    'Brings dead events back: pending, due now, attempts reset. One row per id: whether it was retried and, when not, why (no such event, not dead, or its item_key has a newer run, pending or claimed).';
 
 CREATE FUNCTION throttle.retry(id bigint)
 RETURNS boolean
@@ -626,7 +675,7 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT r.retried FROM throttle.retry(ARRAY[throttle._require_id(id)]) AS r
 $$;
 COMMENT ON FUNCTION throttle.retry(bigint) IS
-    'Brings a dead event back: pending, due now, attempts reset; false when it is not dead or its item_key has a pending event again (throttle.retry(bigint[]) says why).';
+    'Brings a dead event back: pending, due now, attempts reset; false when it is not dead or its item_key has a newer run, pending or claimed (throttle.retry(bigint[]) says why).';
 
 CREATE FUNCTION throttle.retry_dead(queue text, error_like text DEFAULT NULL,
                                     dead_since timestamptz DEFAULT NULL)
@@ -662,19 +711,29 @@ DECLARE
     released integer;
 BEGIN
     PERFORM throttle._require(queue, 'queue'), throttle._require(group_key, 'group_key');
-    -- An event whose item_key has a newer run pending is superseded by it.
-    UPDATE throttle.event e
-    SET state = CASE WHEN s.superseded THEN 'cancelled' ELSE 'pending' END,
-        cancelled_at = CASE WHEN s.superseded THEN throttle.now() END,
-        lease_until = NULL, claim_token = NULL
-    FROM (SELECT x.id, EXISTS (SELECT 1 FROM throttle.event u
-                               WHERE u.queue = x.queue AND u.item_key = x.item_key
-                                 AND u.state = 'pending') AS superseded
-          FROM throttle.event x
-          WHERE x.queue = release_group.queue AND x.group_key = release_group.group_key
-            AND x.group_key IS NOT NULL AND x.state = 'claimed') AS s  -- event_claimed_groups
-    WHERE s.id = e.id AND e.state = 'claimed';
-    GET DIAGNOSTICS released = ROW_COUNT;
+    -- An event whose item_key has a newer run pending is superseded by it;
+    -- one that commits meanwhile shows as a unique violation: then again.
+    FOR attempt IN 1 .. 3 LOOP
+        BEGIN
+            UPDATE throttle.event e
+            SET state = CASE WHEN s.superseded THEN 'cancelled' ELSE 'pending' END,
+                cancelled_at = CASE WHEN s.superseded THEN throttle.now() END,
+                lease_until = NULL, claim_token = NULL
+            FROM (SELECT x.id, EXISTS (SELECT 1 FROM throttle.event u
+                                       WHERE u.queue = x.queue AND u.item_key = x.item_key
+                                         AND u.state = 'pending') AS superseded
+                  FROM throttle.event x
+                  WHERE x.queue = release_group.queue AND x.group_key = release_group.group_key
+                    AND x.group_key IS NOT NULL AND x.state = 'claimed') AS s  -- event_claimed_groups
+            WHERE s.id = e.id AND e.state = 'claimed';
+            GET DIAGNOSTICS released = ROW_COUNT;
+            EXIT;
+        EXCEPTION WHEN unique_violation THEN
+            IF attempt = 3 THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
     -- Until this commits the rows still say claimed, which keeps the group
     -- from every other worker.
     PERFORM throttle._group_reset(queue, group_key);

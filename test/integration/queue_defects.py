@@ -87,7 +87,7 @@ def claim_group_during(tap, admin, queue, change, what):
 
 
 def main():
-    tap = Tap(34)
+    tap = Tap(40)
     admin = connect()
     cur = admin.cursor()
 
@@ -296,6 +296,91 @@ def main():
              or ("",))[:2], ("22023", "group_key must have at most 1024 bytes"), "a longer group_key: 22023")
     tap.is_((sql_error(admin, "SELECT throttle.schedule('d.keys', repeat('k', 1025), now())") or ("",))[:2],
             ("22023", "item_key must have at most 1024 bytes"), "a longer item_key: 22023")
+
+    # 35: a newer run that commits while fail runs: no unique violation.
+    fresh(cur, "d.race")
+    cur.execute("SELECT throttle.schedule('d.race', 'k', now())")
+    old = one(admin, "SELECT id, claim_token FROM throttle.claim('d.race', 'w1')")
+    producer = connect(autocommit=False)
+    execute(producer, "SELECT throttle.schedule('d.race', 'k', now(), '{\"v\": 2}')")
+    worker = connect()
+    result, _, thread = timed(worker, "SELECT throttle.fail(ARRAY[%s]::bigint[], %s, 'boom')", old)
+    time.sleep(0.3)
+    producer.commit()
+    thread.join(timeout=30)
+    tap.is_((result.get("rows"), result.get("error"),
+             one(admin, "SELECT array_agg(state ORDER BY id) FROM throttle.event WHERE queue = 'd.race'")[0]),
+            ([(1,)], None, ["cancelled", "pending"]),
+            "a newer run committed while fail waits for it: the failed run is superseded, no error")
+    producer.close()
+
+    # 36: retry refuses a dead run whose item_key has a newer run claimed.
+    fresh(cur, "d.retry")
+    cur.execute("SELECT throttle.schedule('d.retry', 'k', now(), max_attempts => 1)")
+    dead = one(admin, "SELECT id, claim_token FROM throttle.claim('d.retry', 'w1')")
+    cur.execute("SELECT throttle.fail(ARRAY[%s]::bigint[], %s, 'boom')", dead)
+    cur.execute("SELECT throttle.schedule('d.retry', 'k', now())")
+    one(admin, "SELECT id FROM throttle.claim('d.retry', 'w2')")
+    tap.is_(one(admin, "SELECT retried, reason FROM throttle.retry(ARRAY[%s]::bigint[])", (dead[0],)),
+            (False, "its item_key has a newer run, pending or claimed"),
+            "retry refuses a dead run while a newer run of its item_key is claimed")
+
+    # 37: two transactions each complete part of one group claim; the group
+    # is free once both have committed.
+    fresh(cur, "d.halves")
+    cur.execute("SELECT throttle.schedule('d.halves', 'e' || g, now(), group_key => 'g') FROM generate_series(1, 2) g")
+    halves = one(admin, "SELECT array_agg(id ORDER BY id), min(claim_token) "
+                        "FROM throttle.claim_group('d.halves', 'w1', '1 hour')")
+    t1 = connect(autocommit=False)
+    execute(t1, "SELECT throttle.complete(ARRAY[%s]::bigint[], %s)", (halves[0][0], halves[1]))
+    t2 = connect()
+    result, _, thread = timed(t2, "SELECT throttle.complete(ARRAY[%s]::bigint[], %s)", (halves[0][1], halves[1]))
+    time.sleep(0.3)
+    t1.commit()
+    thread.join(timeout=30)
+    cur.execute("SELECT throttle.schedule('d.halves', 'e3', now(), group_key => 'g')")
+    tap.is_((result.get("rows"), one(b, "SELECT count(*) FROM throttle.claim_group('d.halves', 'w2', '1 minute')")[0]),
+            ([(1,)], 1), "two transactions completing halves of one group claim leave the group free")
+    t1.close()
+    t2.close()
+
+    # 38: a claim that expired while a newer run of its item_key waits is
+    # not run again with its old payload: the newer run replaces it.
+    fresh(cur, "d.stale")
+    cur.execute("SELECT throttle.schedule('d.stale', 'k', now(), '{\"v\": 1}')")
+    one(admin, "SELECT id FROM throttle.claim('d.stale', 'w1', '5 minutes')")
+    cur.execute("SELECT throttle.schedule('d.stale', 'k', now(), '{\"v\": 2}')")
+    later = connect()
+    execute(later, "SET pg_throttle.test_clock = %s",
+            (str(datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(minutes=10)),))
+    got = [one(later, "SELECT array_agg(payload->>'v') FROM throttle.claim('d.stale', 'w2')")[0] for _ in range(2)]
+    tap.is_((got, one(admin, "SELECT array_agg(state ORDER BY id) FROM throttle.event WHERE queue = 'd.stale'")[0]),
+            ([None, ["2"]], ["cancelled", "claimed"]),
+            "an expired claim superseded by a newer run is cancelled, and only the newer run runs")
+    later.close()
+
+    # 39: the default backoff of a late attempt does not overflow.
+    fresh(cur, "d.backoff")
+    cur.execute("SELECT throttle.schedule('d.backoff', 'k', now(), max_attempts => 100)")
+    cur.execute("UPDATE throttle.event SET attempts = 60 WHERE queue = 'd.backoff'")
+    late = one(admin, "SELECT id, claim_token FROM throttle.claim('d.backoff', 'w1')")
+    tap.is_((sql_error(admin, "SELECT throttle.fail(ARRAY[%s]::bigint[], %s, 'again')", late),
+             one(admin, "SELECT run_at - now() <= interval '1 hour 1 minute' FROM throttle.event WHERE id = %s",
+                 (late[0],))[0]),
+            (None, True), "fail of the 61st attempt backs off one hour, without an interval overflow")
+
+    # 40: a claim's role is its oid: renaming the role keeps its claims.
+    fresh(cur, "d.rename")
+    cur.execute("SELECT throttle.schedule('d.rename', 'k', now())")
+    cur.execute("SET ROLE queue_defects_a")
+    mine = one(admin, "SELECT id, claim_token FROM throttle.claim('d.rename', 'w')")
+    cur.execute("RESET ROLE")
+    cur.execute("ALTER ROLE queue_defects_a RENAME TO queue_defects_a2")
+    cur.execute("SET ROLE queue_defects_a2")
+    tap.is_(one(admin, "SELECT throttle.complete(ARRAY[%s]::bigint[], %s)", mine)[0], 1,
+            "a role renamed while it holds a claim still completes it")
+    cur.execute("RESET ROLE")
+    cur.execute("ALTER ROLE queue_defects_a2 RENAME TO queue_defects_a")
     b.close()
     admin.close()
     tap.done()

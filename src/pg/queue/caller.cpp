@@ -25,25 +25,20 @@ Datum caller(FunctionCallInfo /*fcinfo*/) {
     PG_RETURN_TEXT_P(cstring_to_text(psprintf("%s (%s)", role, application)));
 }
 
-// () -> the name of the role the session acts as.
+// () -> the oid of the role the session acts as.
 Datum caller_role(FunctionCallInfo /*fcinfo*/) {
-    PG_RETURN_DATUM(
-        DirectFunctionCall1(namein, CStringGetDatum(GetUserNameFromId(GetOuterUserId(), false))));
+    PG_RETURN_OID(GetOuterUserId());
 }
 
-// (role name) -> whether the caller has the privileges of `role` (is it, a
-// member of it, or a superuser). NULL, and a role that no longer exists,
-// only superusers.
+// (role oid) -> whether the caller has the privileges of `role` (is it, a
+// member of it, or a superuser). NULL (a claim made before claims had
+// roles), and a role that no longer exists, only superusers.
 Datum acts_as(FunctionCallInfo fcinfo) {
     const Oid caller = GetOuterUserId();
     if (PG_ARGISNULL(0)) {
         PG_RETURN_BOOL(superuser_arg(caller));
     }
-    const Oid role = get_role_oid(NameStr(*PG_GETARG_NAME(0)), true);
-    if (!OidIsValid(role)) {
-        PG_RETURN_BOOL(superuser_arg(caller));
-    }
-    PG_RETURN_BOOL(has_privs_of_role(caller, role));
+    PG_RETURN_BOOL(has_privs_of_role(caller, PG_GETARG_OID(0)));
 }
 
 }  // namespace
