@@ -5,6 +5,8 @@
 # reports the median round.
 #   BENCH_SECONDS (5)  BENCH_ROUNDS (3)  BENCH_CLIENTS (8)  BENCH_THREADS (2)
 # Then bench/queue.sh (the event queue against its SQL recipe),
+# bench/queue-node.sh (the queue from Node workers against the recipes,
+# graphile-worker and pg-boss),
 # bench/status_scan.sh (grants while sessions loop over throttle.status) and
 # bench/scale.sh (1 000 000 live keys: memory per entry and throughput).
 set -euo pipefail
@@ -81,3 +83,4 @@ for script in select1_pair lock_unlock lease_unlock lease_row_pair; do
 done
 
 bash "$ROOT/bench/queue.sh"
+bash "$ROOT/bench/queue-node.sh"
