@@ -97,6 +97,23 @@ FROM throttle.status WHERE kind = 'group' AND name = '6:orders:cust:3';
 SELECT throttle.schedule('orders', 'o6', '2031-06-01 14:00:00+00', group_key => 'cust:3') AS o6 \gset
 SELECT count(*) AS still_held_by_the_table FROM throttle.claim_group('orders', 'w-f', '10 minutes');
 
+-- Priority: claim takes higher priorities first, then the oldest.
+SELECT throttle.schedule('prio', 'low', '2031-06-01 13:00:00+00');
+SELECT throttle.schedule('prio', 'high', '2031-06-01 13:50:00+00', priority => 10);
+SELECT throttle.schedule('prio', 'mid', '2031-06-01 13:40:00+00', priority => 5);
+SELECT throttle.schedule('prio', 'not_due', '2031-06-01 16:00:00+00', priority => 99);
+SELECT item_key, priority FROM throttle.claim('prio', 'w', max => 10);
+
+-- on_duplicate: what schedule does to a pending event of the same item_key.
+SELECT throttle.schedule('dup', 'k', '2031-06-01 18:00:00+00', '{"v": 1}') AS dup \gset
+SELECT throttle.schedule('dup', 'k', '2031-06-01 19:00:00+00', '{"v": 2}', on_duplicate => 'keep_earlier') = :dup AS same;
+SELECT run_at, payload FROM throttle.event WHERE id = :dup;
+SELECT throttle.schedule('dup', 'k', '2031-06-01 17:00:00+00', '{"v": 3}', on_duplicate => 'ignore') = :dup AS same;
+SELECT run_at, payload FROM throttle.event WHERE id = :dup;
+SELECT throttle.schedule('dup', 'k', '2031-06-01 20:00:00+00', '{"v": 4}', priority => 3) = :dup AS same;
+SELECT run_at, payload, priority FROM throttle.event WHERE id = :dup;
+SELECT throttle.schedule('dup', 'k', '2031-06-01 20:00:00+00', on_duplicate => 'newest');
+
 -- Operators: release a group whoever holds it; its holder is fenced.
 SELECT throttle.schedule('ops', 'p' || g, '2031-06-01 14:00:00+00', group_key => 'cust:9') FROM generate_series(1, 2) g;
 SELECT count(*) AS claimed, min(claim_token) AS ops_token FROM throttle.claim_group('ops', 'w-stuck', '1 hour') \gset

@@ -37,7 +37,8 @@ CREATE TABLE throttle.event (
     completed_by  text,
     cancelled_at  timestamptz,
     last_error    text,
-    claimed_role  oid
+    claimed_role  oid,
+    priority      integer NOT NULL DEFAULT 0
 );
 COMMENT ON TABLE throttle.event IS
     'The scheduled event queue. state: pending (waits for run_at), claimed (a worker holds it until lease_until), done, dead (max_attempts used up; throttle.retry brings it back), cancelled. Rows are kept until throttle.purge.';
@@ -45,6 +46,7 @@ COMMENT ON COLUMN throttle.event.item_key IS 'Natural key, unique among the pend
 COMMENT ON COLUMN throttle.event.group_key IS 'Events of one group are claimed together by throttle.claim_group, by one worker at a time.';
 COMMENT ON COLUMN throttle.event.attempts IS 'Claims so far; a claim beyond max_attempts makes the event dead.';
 COMMENT ON COLUMN throttle.event.claim_token IS 'Token of the current claim, which complete, fail and extend need (the group lease''s token for group claims). The claimer gets it from claim or claim_group; PUBLIC may read every other column, not this one.';
+COMMENT ON COLUMN throttle.event.priority IS 'throttle.claim takes due events with a higher priority first, then the oldest.';
 COMMENT ON COLUMN throttle.event.claimed_role IS 'The role that made the current claim (an oid: claimed_role::regrole shows its name): only it, its members and superusers may complete, fail or extend it.';
 
 -- Every function below finds its rows through one of these, whatever the
@@ -56,7 +58,7 @@ CREATE UNIQUE INDEX event_pending_key ON throttle.event (queue, item_key)
     WHERE state = 'pending';
 CREATE INDEX event_claimed_key ON throttle.event (queue, item_key)
     WHERE state = 'claimed';
-CREATE INDEX event_due_single ON throttle.event (queue, run_at, id)
+CREATE INDEX event_due_single ON throttle.event (queue, priority DESC, run_at, id)
     WHERE state = 'pending' AND group_key IS NULL;
 CREATE INDEX event_due_grouped ON throttle.event (queue, run_at, id)
     WHERE state = 'pending' AND group_key IS NOT NULL;
@@ -182,7 +184,8 @@ REVOKE EXECUTE ON FUNCTION throttle._claim_token() FROM PUBLIC;
 
 CREATE FUNCTION throttle.schedule(queue text, item_key text, run_at timestamptz,
                                   payload jsonb DEFAULT '{}', group_key text DEFAULT NULL,
-                                  max_attempts integer DEFAULT 5)
+                                  max_attempts integer DEFAULT 5, priority integer DEFAULT 0,
+                                  on_duplicate text DEFAULT 'replace')
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -192,7 +195,12 @@ DECLARE
 BEGIN
     PERFORM throttle._require(queue, 'queue'), throttle._require(item_key, 'item_key'),
             throttle._require(run_at, 'run_at'), throttle._require(payload, 'payload'),
-            throttle._require(max_attempts, 'max_attempts');
+            throttle._require(max_attempts, 'max_attempts'), throttle._require(priority, 'priority'),
+            throttle._require(on_duplicate, 'on_duplicate');
+    IF on_duplicate NOT IN ('replace', 'keep_earlier', 'ignore') THEN
+        RAISE EXCEPTION 'on_duplicate must be replace, keep_earlier or ignore'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF max_attempts <= 0 THEN
         RAISE EXCEPTION 'max_attempts must be positive' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -209,20 +217,28 @@ BEGIN
               USING ERRCODE = 'invalid_parameter_value',
                     DETAIL = 'Keys are indexed; an index entry holds at most about 2700 bytes.';
     END IF;
+    -- A pending event of item_key: replace moves it to run_at with the new
+    -- payload and priority, keep_earlier does so but keeps the earlier
+    -- run_at, ignore leaves it as it is. (A claimed one is never touched.)
     INSERT INTO throttle.event AS e (queue, item_key, group_key, payload, run_at, max_attempts,
-                                     enqueued_at, enqueued_by)
-    VALUES (queue, item_key, group_key, payload, run_at, max_attempts, now, throttle._caller())
+                                     enqueued_at, enqueued_by, priority)
+    VALUES (queue, item_key, group_key, payload, run_at, max_attempts, now, throttle._caller(),
+            priority)
     ON CONFLICT (queue, item_key) WHERE state = 'pending'
-    DO UPDATE SET run_at = excluded.run_at, payload = excluded.payload
-    RETURNING e.id INTO event_id;
+    DO UPDATE SET run_at = CASE on_duplicate WHEN 'replace' THEN excluded.run_at
+                                              WHEN 'keep_earlier' THEN least(e.run_at, excluded.run_at)
+                                              ELSE e.run_at END,
+                  payload = CASE WHEN on_duplicate = 'ignore' THEN e.payload ELSE excluded.payload END,
+                  priority = CASE WHEN on_duplicate = 'ignore' THEN e.priority ELSE excluded.priority END
+    RETURNING e.id, e.run_at INTO event_id, run_at;
     IF run_at <= now THEN
         PERFORM pg_notify(queue, event_id::text);
     END IF;
     RETURN event_id;
 END
 $$;
-COMMENT ON FUNCTION throttle.schedule(text, text, timestamptz, jsonb, text, integer) IS
-    'Schedules an event, or, when item_key names a pending event of the queue, moves it to run_at with the new payload; returns its id. When the event of item_key is claimed it is left alone and a new event is scheduled, which no worker gets before the claimed one ends. NOTIFYs the channel named after the queue when the event is due.';
+COMMENT ON FUNCTION throttle.schedule(text, text, timestamptz, jsonb, text, integer, integer, text) IS
+    'Schedules an event, or, when item_key names a pending event of the queue, updates it as on_duplicate says (replace: run_at, payload and priority; keep_earlier: the same but the earlier run_at; ignore: nothing); returns its id. When the event of item_key is claimed it is left alone and a new event is scheduled, which no worker gets before the claimed one ends. NOTIFYs the channel named after the queue when the event is due.';
 
 CREATE FUNCTION throttle.cancel(queue text, item_key text)
 RETURNS boolean
@@ -323,9 +339,10 @@ BEGIN
     IF max <= 0 THEN
         RAISE EXCEPTION 'max must be positive' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- Claims whose lease expired, then due pending events; oldest first. Rows
-    -- another worker is claiming right now are skipped, never waited for.
-    -- Events with a group_key belong to throttle.claim_group.
+    -- Claims whose lease expired, then due pending events, higher priority
+    -- first, then oldest first. Rows another worker is claiming right now
+    -- are skipped, never waited for. Events with a group_key belong to
+    -- throttle.claim_group.
     SELECT array_agg(id) INTO expired FROM (
         SELECT e.id FROM throttle.event e
         WHERE e.queue = claim.queue AND e.state = 'claimed' AND e.lease_until <= now
@@ -338,18 +355,18 @@ BEGIN
           AND NOT EXISTS (SELECT 1 FROM throttle.event c  -- event_claimed_key
                           WHERE c.queue = e.queue AND c.item_key = e.item_key
                             AND c.state = 'claimed')
-        ORDER BY e.run_at, e.id LIMIT max - coalesce(cardinality(expired), 0)
+        ORDER BY e.priority DESC, e.run_at, e.id LIMIT max - coalesce(cardinality(expired), 0)
         FOR UPDATE SKIP LOCKED) AS x;
     IF expired IS NULL AND due IS NULL THEN
         RETURN;
     END IF;
     RETURN QUERY SELECT * FROM throttle._mark_claimed(coalesce(expired, '{}') || coalesce(due, '{}'),
                                                      worker, lease, throttle._claim_token(), now)
-                 ORDER BY run_at, id;
+                 ORDER BY priority DESC, run_at, id;
 END
 $$;
 COMMENT ON FUNCTION throttle.claim(text, text, interval, integer) IS
-    'Claims up to max due events without a group_key for worker until lease: claims whose lease expired, then pending events with run_at <= now, oldest first; never waits for rows another worker is claiming. The events carry the claim''s claim_token, which complete, fail and extend need. Grouped events are claimed with throttle.claim_group.';
+    'Claims up to max due events without a group_key for worker until lease: claims whose lease expired, then pending events with run_at <= now, higher priority first, then oldest first; never waits for rows another worker is claiming. The events carry the claim''s claim_token, which complete, fail and extend need. Grouped events are claimed with throttle.claim_group.';
 
 -- Claims the due events of one group if it is free; no rows when it is not.
 CREATE FUNCTION throttle._claim_one_group(queue text, group_key text, worker text, lease interval,

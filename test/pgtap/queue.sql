@@ -4,8 +4,8 @@ SELECT plan(28);
 SET LOCAL pg_throttle.test_clock = '2038-01-01 00:00:00+00';
 
 SELECT has_table('throttle', 'event', 'catalog table throttle.event');
-SELECT has_function('throttle', 'schedule', ARRAY['text', 'text', 'timestamp with time zone', 'jsonb', 'text', 'integer']);
-SELECT function_returns('throttle', 'schedule', ARRAY['text', 'text', 'timestamp with time zone', 'jsonb', 'text', 'integer'], 'bigint');
+SELECT has_function('throttle', 'schedule', ARRAY['text', 'text', 'timestamp with time zone', 'jsonb', 'text', 'integer', 'integer', 'text']);
+SELECT function_returns('throttle', 'schedule', ARRAY['text', 'text', 'timestamp with time zone', 'jsonb', 'text', 'integer', 'integer', 'text'], 'bigint');
 SELECT has_function('throttle', 'cancel', ARRAY['text', 'text']);
 SELECT has_function('throttle', 'reschedule', ARRAY['text', 'text', 'timestamp with time zone']);
 SELECT function_returns('throttle', 'claim', ARRAY['text', 'text', 'interval', 'integer'], 'setof throttle.event');
@@ -55,7 +55,7 @@ END
 $$;
 SELECT alike(pg_temp.plan_of($$SELECT id FROM throttle.event WHERE queue = 'tap.big' AND state = 'pending'
                                 AND group_key IS NULL AND run_at <= now()
-                                ORDER BY run_at, id LIMIT 10 FOR UPDATE SKIP LOCKED$$),
+                                ORDER BY priority DESC, run_at, id LIMIT 10 FOR UPDATE SKIP LOCKED$$),
     '%Index Scan using event_due_single%', 'claim''s due scan reads only ungrouped events, by index');
 SELECT alike(pg_temp.plan_of($$SELECT group_key FROM throttle.event WHERE queue = 'tap.big' AND state = 'pending'
                                 AND group_key IS NOT NULL AND run_at <= now()

@@ -18,6 +18,13 @@ COMMENT ON COLUMN throttle.event.item_key IS 'Natural key, unique among the pend
 ALTER TABLE throttle.event ADD COLUMN claimed_role oid;
 COMMENT ON COLUMN throttle.event.claim_token IS 'Token of the current claim, which complete, fail and extend need (the group lease''s token for group claims). The claimer gets it from claim or claim_group; PUBLIC may read every other column, not this one.';
 COMMENT ON COLUMN throttle.event.claimed_role IS 'The role that made the current claim (an oid: claimed_role::regrole shows its name): only it, its members and superusers may complete, fail or extend it.';
+
+-- Priority: claim takes higher priorities first.
+ALTER TABLE throttle.event ADD COLUMN priority integer NOT NULL DEFAULT 0;
+COMMENT ON COLUMN throttle.event.priority IS 'throttle.claim takes due events with a higher priority first, then the oldest.';
+DROP INDEX throttle.event_due_single;
+CREATE INDEX event_due_single ON throttle.event (queue, priority DESC, run_at, id)
+    WHERE state = 'pending' AND group_key IS NULL;
 -- Every column but the claim's token.
 REVOKE SELECT ON throttle.event FROM PUBLIC;
 GRANT SELECT (id, queue, item_key, group_key, payload, run_at, state, attempts, max_attempts,
@@ -29,6 +36,8 @@ DROP FUNCTION throttle.fail(bigint[], text, text, interval);
 DROP FUNCTION throttle.extend(bigint[], text, interval);
 -- purge takes a queue and the states to purge: dead events only when asked.
 DROP FUNCTION throttle.purge(interval);
+-- schedule takes a priority and what to do with a pending duplicate.
+DROP FUNCTION throttle.schedule(text, text, timestamptz, jsonb, text, integer);
 
 -- New functions.
 
@@ -71,6 +80,64 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION throttle._claim_token() IS
     'Internal: a new claim token, greater than every token handed out before on this server, also across crashes.';
 REVOKE EXECUTE ON FUNCTION throttle._claim_token() FROM PUBLIC;
+
+CREATE FUNCTION throttle.schedule(queue text, item_key text, run_at timestamptz,
+                                  payload jsonb DEFAULT '{}', group_key text DEFAULT NULL,
+                                  max_attempts integer DEFAULT 5, priority integer DEFAULT 0,
+                                  on_duplicate text DEFAULT 'replace')
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    event_id bigint;
+    now timestamptz := throttle.now();
+BEGIN
+    PERFORM throttle._require(queue, 'queue'), throttle._require(item_key, 'item_key'),
+            throttle._require(run_at, 'run_at'), throttle._require(payload, 'payload'),
+            throttle._require(max_attempts, 'max_attempts'), throttle._require(priority, 'priority'),
+            throttle._require(on_duplicate, 'on_duplicate');
+    IF on_duplicate NOT IN ('replace', 'keep_earlier', 'ignore') THEN
+        RAISE EXCEPTION 'on_duplicate must be replace, keep_earlier or ignore'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_attempts <= 0 THEN
+        RAISE EXCEPTION 'max_attempts must be positive' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF queue = '' OR octet_length(queue) > 63 THEN
+        RAISE EXCEPTION 'queue name must have 1 to 63 bytes' USING ERRCODE = 'invalid_parameter_value',
+              DETAIL = 'The queue name is also the NOTIFY channel that workers LISTEN on.';
+    END IF;
+    IF item_key = '' THEN
+        RAISE EXCEPTION 'item_key must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF octet_length(item_key) > 1024 OR octet_length(group_key) > 1024 THEN
+        RAISE EXCEPTION '% must have at most 1024 bytes',
+              CASE WHEN octet_length(item_key) > 1024 THEN 'item_key' ELSE 'group_key' END
+              USING ERRCODE = 'invalid_parameter_value',
+                    DETAIL = 'Keys are indexed; an index entry holds at most about 2700 bytes.';
+    END IF;
+    -- A pending event of item_key: replace moves it to run_at with the new
+    -- payload and priority, keep_earlier does so but keeps the earlier
+    -- run_at, ignore leaves it as it is. (A claimed one is never touched.)
+    INSERT INTO throttle.event AS e (queue, item_key, group_key, payload, run_at, max_attempts,
+                                     enqueued_at, enqueued_by, priority)
+    VALUES (queue, item_key, group_key, payload, run_at, max_attempts, now, throttle._caller(),
+            priority)
+    ON CONFLICT (queue, item_key) WHERE state = 'pending'
+    DO UPDATE SET run_at = CASE on_duplicate WHEN 'replace' THEN excluded.run_at
+                                              WHEN 'keep_earlier' THEN least(e.run_at, excluded.run_at)
+                                              ELSE e.run_at END,
+                  payload = CASE WHEN on_duplicate = 'ignore' THEN e.payload ELSE excluded.payload END,
+                  priority = CASE WHEN on_duplicate = 'ignore' THEN e.priority ELSE excluded.priority END
+    RETURNING e.id, e.run_at INTO event_id, run_at;
+    IF run_at <= now THEN
+        PERFORM pg_notify(queue, event_id::text);
+    END IF;
+    RETURN event_id;
+END
+$$;
+COMMENT ON FUNCTION throttle.schedule(text, text, timestamptz, jsonb, text, integer, integer, text) IS
+    'Schedules an event, or, when item_key names a pending event of the queue, updates it as on_duplicate says (replace: run_at, payload and priority; keep_earlier: the same but the earlier run_at; ignore: nothing); returns its id. When the event of item_key is claimed it is left alone and a new event is scheduled, which no worker gets before the claimed one ends. NOTIFYs the channel named after the queue when the event is due.';
 
 CREATE FUNCTION throttle.complete(ids bigint[], token bigint)
 RETURNS integer
@@ -351,50 +418,6 @@ LANGUAGE C VOLATILE PARALLEL SAFE;
 COMMENT ON FUNCTION throttle._caller() IS
     'Internal: who is calling, for enqueued_by: the role the session acts as (not the owner of a SECURITY DEFINER function), and its application_name.';
 
-CREATE OR REPLACE FUNCTION throttle.schedule(queue text, item_key text, run_at timestamptz,
-                                  payload jsonb DEFAULT '{}', group_key text DEFAULT NULL,
-                                  max_attempts integer DEFAULT 5)
-RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    event_id bigint;
-    now timestamptz := throttle.now();
-BEGIN
-    PERFORM throttle._require(queue, 'queue'), throttle._require(item_key, 'item_key'),
-            throttle._require(run_at, 'run_at'), throttle._require(payload, 'payload'),
-            throttle._require(max_attempts, 'max_attempts');
-    IF max_attempts <= 0 THEN
-        RAISE EXCEPTION 'max_attempts must be positive' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF queue = '' OR octet_length(queue) > 63 THEN
-        RAISE EXCEPTION 'queue name must have 1 to 63 bytes' USING ERRCODE = 'invalid_parameter_value',
-              DETAIL = 'The queue name is also the NOTIFY channel that workers LISTEN on.';
-    END IF;
-    IF item_key = '' THEN
-        RAISE EXCEPTION 'item_key must not be empty' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF octet_length(item_key) > 1024 OR octet_length(group_key) > 1024 THEN
-        RAISE EXCEPTION '% must have at most 1024 bytes',
-              CASE WHEN octet_length(item_key) > 1024 THEN 'item_key' ELSE 'group_key' END
-              USING ERRCODE = 'invalid_parameter_value',
-                    DETAIL = 'Keys are indexed; an index entry holds at most about 2700 bytes.';
-    END IF;
-    INSERT INTO throttle.event AS e (queue, item_key, group_key, payload, run_at, max_attempts,
-                                     enqueued_at, enqueued_by)
-    VALUES (queue, item_key, group_key, payload, run_at, max_attempts, now, throttle._caller())
-    ON CONFLICT (queue, item_key) WHERE state = 'pending'
-    DO UPDATE SET run_at = excluded.run_at, payload = excluded.payload
-    RETURNING e.id INTO event_id;
-    IF run_at <= now THEN
-        PERFORM pg_notify(queue, event_id::text);
-    END IF;
-    RETURN event_id;
-END
-$$;
-COMMENT ON FUNCTION throttle.schedule(text, text, timestamptz, jsonb, text, integer) IS
-    'Schedules an event, or, when item_key names a pending event of the queue, moves it to run_at with the new payload; returns its id. When the event of item_key is claimed it is left alone and a new event is scheduled, which no worker gets before the claimed one ends. NOTIFYs the channel named after the queue when the event is due.';
-
 CREATE OR REPLACE FUNCTION throttle._mark_claimed(ids bigint[], worker text, lease interval, token bigint,
                                        now timestamptz)
 RETURNS SETOF throttle.event
@@ -441,9 +464,10 @@ BEGIN
     IF max <= 0 THEN
         RAISE EXCEPTION 'max must be positive' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- Claims whose lease expired, then due pending events; oldest first. Rows
-    -- another worker is claiming right now are skipped, never waited for.
-    -- Events with a group_key belong to throttle.claim_group.
+    -- Claims whose lease expired, then due pending events, higher priority
+    -- first, then oldest first. Rows another worker is claiming right now
+    -- are skipped, never waited for. Events with a group_key belong to
+    -- throttle.claim_group.
     SELECT array_agg(id) INTO expired FROM (
         SELECT e.id FROM throttle.event e
         WHERE e.queue = claim.queue AND e.state = 'claimed' AND e.lease_until <= now
@@ -456,18 +480,18 @@ BEGIN
           AND NOT EXISTS (SELECT 1 FROM throttle.event c  -- event_claimed_key
                           WHERE c.queue = e.queue AND c.item_key = e.item_key
                             AND c.state = 'claimed')
-        ORDER BY e.run_at, e.id LIMIT max - coalesce(cardinality(expired), 0)
+        ORDER BY e.priority DESC, e.run_at, e.id LIMIT max - coalesce(cardinality(expired), 0)
         FOR UPDATE SKIP LOCKED) AS x;
     IF expired IS NULL AND due IS NULL THEN
         RETURN;
     END IF;
     RETURN QUERY SELECT * FROM throttle._mark_claimed(coalesce(expired, '{}') || coalesce(due, '{}'),
                                                      worker, lease, throttle._claim_token(), now)
-                 ORDER BY run_at, id;
+                 ORDER BY priority DESC, run_at, id;
 END
 $$;
 COMMENT ON FUNCTION throttle.claim(text, text, interval, integer) IS
-    'Claims up to max due events without a group_key for worker until lease: claims whose lease expired, then pending events with run_at <= now, oldest first; never waits for rows another worker is claiming. The events carry the claim''s claim_token, which complete, fail and extend need. Grouped events are claimed with throttle.claim_group.';
+    'Claims up to max due events without a group_key for worker until lease: claims whose lease expired, then pending events with run_at <= now, higher priority first, then oldest first; never waits for rows another worker is claiming. The events carry the claim''s claim_token, which complete, fail and extend need. Grouped events are claimed with throttle.claim_group.';
 
 CREATE OR REPLACE FUNCTION throttle._claim_one_group(queue text, group_key text, worker text, lease interval,
                                           now timestamptz)
