@@ -102,6 +102,7 @@ SELECT throttle.schedule('prio', 'low', '2031-06-01 13:00:00+00');
 SELECT throttle.schedule('prio', 'high', '2031-06-01 13:50:00+00', priority => 10);
 SELECT throttle.schedule('prio', 'mid', '2031-06-01 13:40:00+00', priority => 5);
 SELECT throttle.schedule('prio', 'not_due', '2031-06-01 16:00:00+00', priority => 99);
+SELECT item_key, priority FROM throttle.claim('prio', 'w', max => 1);
 SELECT item_key, priority FROM throttle.claim('prio', 'w', max => 10);
 
 -- on_duplicate: what schedule does to a pending event of the same item_key.

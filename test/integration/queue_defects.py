@@ -87,7 +87,7 @@ def claim_group_during(tap, admin, queue, change, what):
 
 
 def main():
-    tap = Tap(40)
+    tap = Tap(42)
     admin = connect()
     cur = admin.cursor()
 
@@ -381,6 +381,22 @@ def main():
             "a role renamed while it holds a claim still completes it")
     cur.execute("RESET ROLE")
     cur.execute("ALTER ROLE queue_defects_a2 RENAME TO queue_defects_a")
+
+    # 41: the same in one transaction snapshot: a serialization failure the
+    # client retries, never a unique violation.
+    fresh(cur, "d.rr")
+    cur.execute("SELECT throttle.schedule('d.rr', 'k', now())")
+    old = one(admin, "SELECT id, claim_token FROM throttle.claim('d.rr', 'w1')")
+    rr = connect(autocommit=False)
+    execute(rr, "BEGIN ISOLATION LEVEL REPEATABLE READ")
+    one(rr, "SELECT 1")
+    cur.execute("SELECT throttle.schedule('d.rr', 'k', now(), '{\"v\": 2}')")
+    tap.is_((sql_error(rr, "SELECT throttle.fail(ARRAY[%s]::bigint[], %s, 'boom')", old) or ("",))[0], "40001",
+            "fail in a repeatable-read snapshot that misses a newer run: 40001, to retry")
+    rr.rollback()
+    tap.is_(one(admin, "SELECT throttle.fail(ARRAY[%s]::bigint[], %s, 'boom')", old)[0], 1,
+            "and the retry supersedes the failed run")
+    rr.close()
     b.close()
     admin.close()
     tap.done()

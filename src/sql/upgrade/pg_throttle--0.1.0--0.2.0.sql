@@ -139,6 +139,35 @@ $$;
 COMMENT ON FUNCTION throttle.schedule(text, text, timestamptz, jsonb, text, integer, integer, text) IS
     'Schedules an event, or, when item_key names a pending event of the queue, updates it as on_duplicate says (replace: run_at, payload and priority; keep_earlier: the same but the earlier run_at; ignore: nothing); returns its id. When the event of item_key is claimed it is left alone and a new event is scheduled, which no worker gets before the claimed one ends. NOTIFYs the channel named after the queue when the event is due.';
 
+CREATE FUNCTION throttle._lock_claim(ids bigint[], token bigint)
+RETURNS void
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM 1 FROM throttle.event g
+    WHERE g.state = 'claimed' AND g.claim_token = token AND throttle._acts_as(g.claimed_role)
+      AND (g.id = ANY (ids)
+           OR (g.group_key IS NOT NULL
+               AND (g.queue, g.group_key) IN (SELECT e.queue, e.group_key FROM throttle.event e
+                                              WHERE e.id = ANY (ids) AND e.group_key IS NOT NULL
+                                                AND e.claim_token = token)))
+    ORDER BY g.id
+    FOR UPDATE OF g;
+END
+$$;
+COMMENT ON FUNCTION throttle._lock_claim(bigint[], bigint) IS
+    'Internal: locks a claim''s events in id order before complete, fail or extend changes them.';
+
+CREATE FUNCTION throttle._notify_successors(ended throttle.event[])
+RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_notify(u.queue, u.id::text) FROM throttle.event u  -- event_pending_key
+    WHERE (u.queue, u.item_key) IN (SELECT f.queue, f.item_key FROM unnest(ended) AS f)
+      AND u.state = 'pending' AND u.run_at <= throttle.now()
+$$;
+COMMENT ON FUNCTION throttle._notify_successors(throttle.event[]) IS
+    'Internal: NOTIFYs the due pending runs of the item_keys of events whose claim ended.';
+
 CREATE FUNCTION throttle.complete(ids bigint[], token bigint)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -147,18 +176,7 @@ DECLARE
     finished throttle.event[];
 BEGIN
     PERFORM throttle._require(ids, 'ids'), throttle._require(token, 'token');
-    -- Every event of the group claims these ids belong to, locked in id
-    -- order before any is changed: two transactions that each finish part of
-    -- one group claim then see each other's end, and the last one releases
-    -- the group.
-    PERFORM 1 FROM throttle.event g
-    WHERE g.state = 'claimed' AND g.group_key IS NOT NULL AND g.claim_token = token
-      AND throttle._acts_as(g.claimed_role)
-      AND (g.queue, g.group_key) IN (SELECT e.queue, e.group_key FROM throttle.event e
-                                     WHERE e.id = ANY (ids) AND e.group_key IS NOT NULL
-                                       AND e.claim_token = token)
-    ORDER BY g.id
-    FOR UPDATE OF g;
+    PERFORM throttle._lock_claim(ids, token);
     WITH done AS (
         UPDATE throttle.event e SET state = 'done', completed_at = throttle.now(),
                completed_by = e.claimed_by, lease_until = NULL
@@ -166,7 +184,7 @@ BEGIN
           AND throttle._acts_as(e.claimed_role)
         RETURNING e.*)
     SELECT array_agg(d) INTO finished FROM done d;
-    PERFORM throttle._release_groups(finished);
+    PERFORM throttle._release_groups(finished), throttle._notify_successors(finished);
     RETURN coalesce(cardinality(finished), 0);
 END
 $$;
@@ -188,18 +206,7 @@ BEGIN
     IF retry_in IS NOT NULL AND NOT isfinite(retry_in) THEN
         RAISE EXCEPTION 'retry_in must be a finite interval' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- Every event of the group claims these ids belong to, locked in id
-    -- order before any is changed: two transactions that each finish part of
-    -- one group claim then see each other's end, and the last one releases
-    -- the group.
-    PERFORM 1 FROM throttle.event g
-    WHERE g.state = 'claimed' AND g.group_key IS NOT NULL AND g.claim_token = token
-      AND throttle._acts_as(g.claimed_role)
-      AND (g.queue, g.group_key) IN (SELECT e.queue, e.group_key FROM throttle.event e
-                                     WHERE e.id = ANY (ids) AND e.group_key IS NOT NULL
-                                       AND e.claim_token = token)
-    ORDER BY g.id
-    FOR UPDATE OF g;
+    PERFORM throttle._lock_claim(ids, token);
     -- An event whose item_key was scheduled again while it ran has a newer
     -- run pending: the failed one is superseded by it (cancelled), not
     -- retried beside it. A newer run that commits while this runs is seen
@@ -229,12 +236,19 @@ BEGIN
             SELECT array_agg(f) INTO finished FROM failed f;
             EXIT;
         EXCEPTION WHEN unique_violation THEN
+            -- Only a new snapshot shows the newer run: in one transaction
+            -- snapshot (repeatable read, serializable) the client retries.
+            IF current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE EXCEPTION 'a newer run of an item_key was scheduled concurrently'
+                      USING ERRCODE = 'serialization_failure',
+                            HINT = 'Retry the transaction.';
+            END IF;
             IF attempt = 3 THEN
                 RAISE;
             END IF;
         END;
     END LOOP;
-    PERFORM throttle._release_groups(finished);
+    PERFORM throttle._release_groups(finished), throttle._notify_successors(finished);
     RETURN coalesce(cardinality(finished), 0);
 END
 $$;
@@ -252,6 +266,7 @@ DECLARE
 BEGIN
     PERFORM throttle._require(ids, 'ids'), throttle._require(token, 'token');
     PERFORM throttle._positive(lease, 'lease');
+    PERFORM throttle._lock_claim(ids, token);
     -- A claim whose lease has ended is not revived: another worker may be
     -- claiming its events at this moment.
     UPDATE throttle.event e SET lease_until = now + lease
@@ -281,6 +296,9 @@ DECLARE
     now timestamptz := throttle.now();
 BEGIN
     PERFORM throttle._require(ids, 'ids');
+    -- The dead events among ids, locked in id order first: two retries
+    -- never wait for each other in a circle.
+    PERFORM 1 FROM throttle.event e WHERE e.id = ANY (ids) AND e.state = 'dead' ORDER BY e.id FOR UPDATE;
     FOREACH wanted IN ARRAY ids LOOP
         id := wanted;
         retried := false;
@@ -346,6 +364,11 @@ DECLARE
     released integer;
 BEGIN
     PERFORM throttle._require(queue, 'queue'), throttle._require(group_key, 'group_key');
+    PERFORM 1 FROM throttle.event x  -- in id order, as complete, fail and extend lock
+    WHERE x.queue = release_group.queue AND x.group_key = release_group.group_key
+      AND x.group_key IS NOT NULL AND x.state = 'claimed'
+    ORDER BY x.id
+    FOR UPDATE;
     -- An event whose item_key has a newer run pending is superseded by it;
     -- one that commits meanwhile shows as a unique violation: then again.
     FOR attempt IN 1 .. 3 LOOP
@@ -364,6 +387,13 @@ BEGIN
             GET DIAGNOSTICS released = ROW_COUNT;
             EXIT;
         EXCEPTION WHEN unique_violation THEN
+            -- Only a new snapshot shows the newer run: in one transaction
+            -- snapshot (repeatable read, serializable) the client retries.
+            IF current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE EXCEPTION 'a newer run of an item_key was scheduled concurrently'
+                      USING ERRCODE = 'serialization_failure',
+                            HINT = 'Retry the transaction.';
+            END IF;
             IF attempt = 3 THEN
                 RAISE;
             END IF;
@@ -372,6 +402,9 @@ BEGIN
     -- Until this commits the rows still say claimed, which keeps the group
     -- from every other worker.
     PERFORM throttle._group_reset(queue, group_key);
+    PERFORM pg_notify(queue, x.id::text) FROM throttle.event x
+    WHERE x.queue = release_group.queue AND x.group_key = release_group.group_key
+      AND x.group_key IS NOT NULL AND x.state = 'pending' AND x.run_at <= throttle.now();
     RETURN released;
 END
 $$;
@@ -456,7 +489,9 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     now timestamptz := throttle.now();
     expired bigint[];
-    due bigint[];
+    due bigint[] := '{}';
+    more bigint[];
+    level integer;
 BEGIN
     PERFORM throttle._require(queue, 'queue'), throttle._require(worker, 'worker'),
             throttle._require(max, 'max');
@@ -473,19 +508,30 @@ BEGIN
         WHERE e.queue = claim.queue AND e.state = 'claimed' AND e.lease_until <= now
           AND e.group_key IS NULL
         ORDER BY e.lease_until, e.id LIMIT max FOR UPDATE SKIP LOCKED) AS x;
-    SELECT array_agg(id) INTO due FROM (
-        SELECT e.id FROM throttle.event e
-        WHERE e.queue = claim.queue AND e.state = 'pending' AND e.run_at <= now
-          AND e.group_key IS NULL
-          AND NOT EXISTS (SELECT 1 FROM throttle.event c  -- event_claimed_key
-                          WHERE c.queue = e.queue AND c.item_key = e.item_key
-                            AND c.state = 'claimed')
-        ORDER BY e.priority DESC, e.run_at, e.id LIMIT max - coalesce(cardinality(expired), 0)
-        FOR UPDATE SKIP LOCKED) AS x;
-    IF expired IS NULL AND due IS NULL THEN
+    -- One priority at a time, from the highest (a skip scan along
+    -- event_due_single): within a priority, run_at <= now bounds the scan,
+    -- so events scheduled for later cost nothing, whatever their priority.
+    level := (SELECT max(e.priority) FROM throttle.event e
+              WHERE e.queue = claim.queue AND e.state = 'pending' AND e.group_key IS NULL);
+    WHILE level IS NOT NULL AND coalesce(cardinality(expired), 0) + cardinality(due) < max LOOP
+        SELECT array_agg(id) INTO more FROM (
+            SELECT e.id FROM throttle.event e
+            WHERE e.queue = claim.queue AND e.state = 'pending' AND e.group_key IS NULL
+              AND e.priority = level AND e.run_at <= now
+              AND NOT EXISTS (SELECT 1 FROM throttle.event c  -- event_claimed_key
+                              WHERE c.queue = e.queue AND c.item_key = e.item_key
+                                AND c.state = 'claimed')
+            ORDER BY e.run_at, e.id LIMIT max - coalesce(cardinality(expired), 0) - cardinality(due)
+            FOR UPDATE SKIP LOCKED) AS x;
+        due := due || coalesce(more, '{}');
+        level := (SELECT max(e.priority) FROM throttle.event e
+                  WHERE e.queue = claim.queue AND e.state = 'pending' AND e.group_key IS NULL
+                    AND e.priority < level);
+    END LOOP;
+    IF expired IS NULL AND cardinality(due) = 0 THEN
         RETURN;
     END IF;
-    RETURN QUERY SELECT * FROM throttle._mark_claimed(coalesce(expired, '{}') || coalesce(due, '{}'),
+    RETURN QUERY SELECT * FROM throttle._mark_claimed(coalesce(expired, '{}') || due,
                                                      worker, lease, throttle._claim_token(), now)
                  ORDER BY priority DESC, run_at, id;
 END
