@@ -524,6 +524,23 @@ $$;
 COMMENT ON FUNCTION throttle._release_groups(throttle.event[]) IS
     'Internal: releases the group leases of claims that have no claimed event left, when the calling transaction commits.';
 
+-- A newer run of an item_key committed while fail or release_group moved
+-- its claimed run back to pending (a unique violation): read committed tries
+-- again with it in view; one transaction snapshot (repeatable read,
+-- serializable) cannot see it, so the client retries the transaction.
+CREATE FUNCTION throttle._newer_run_committed()
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'a newer run of an item_key was scheduled concurrently'
+              USING ERRCODE = 'serialization_failure', HINT = 'Retry the transaction.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION throttle._newer_run_committed() IS
+    'Internal: raises 40001 when a newer run committed under a transaction snapshot that cannot see it.';
+
 -- Locks, in id order, the events of `ids` that the claim `token` holds and
 -- every other event of the group claims they belong to, before complete,
 -- fail or extend changes any: all three lock in one order, so they never
@@ -628,13 +645,7 @@ BEGIN
             SELECT array_agg(f) INTO finished FROM failed f;
             EXIT;
         EXCEPTION WHEN unique_violation THEN
-            -- Only a new snapshot shows the newer run: in one transaction
-            -- snapshot (repeatable read, serializable) the client retries.
-            IF current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE EXCEPTION 'a newer run of an item_key was scheduled concurrently'
-                      USING ERRCODE = 'serialization_failure',
-                            HINT = 'Retry the transaction.';
-            END IF;
+            PERFORM throttle._newer_run_committed();
             IF attempt = 3 THEN
                 RAISE;
             END IF;
@@ -789,13 +800,7 @@ BEGIN
             GET DIAGNOSTICS released = ROW_COUNT;
             EXIT;
         EXCEPTION WHEN unique_violation THEN
-            -- Only a new snapshot shows the newer run: in one transaction
-            -- snapshot (repeatable read, serializable) the client retries.
-            IF current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE EXCEPTION 'a newer run of an item_key was scheduled concurrently'
-                      USING ERRCODE = 'serialization_failure',
-                            HINT = 'Retry the transaction.';
-            END IF;
+            PERFORM throttle._newer_run_committed();
             IF attempt = 3 THEN
                 RAISE;
             END IF;

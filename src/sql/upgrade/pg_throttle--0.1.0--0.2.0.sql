@@ -139,6 +139,19 @@ $$;
 COMMENT ON FUNCTION throttle.schedule(text, text, timestamptz, jsonb, text, integer, integer, text) IS
     'Schedules an event, or, when item_key names a pending event of the queue, updates it as on_duplicate says (replace: run_at, payload and priority; keep_earlier: the same but the earlier run_at; ignore: nothing); returns its id. When the event of item_key is claimed it is left alone and a new event is scheduled, which no worker gets before the claimed one ends. NOTIFYs the channel named after the queue when the event is due.';
 
+CREATE FUNCTION throttle._newer_run_committed()
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'a newer run of an item_key was scheduled concurrently'
+              USING ERRCODE = 'serialization_failure', HINT = 'Retry the transaction.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION throttle._newer_run_committed() IS
+    'Internal: raises 40001 when a newer run committed under a transaction snapshot that cannot see it.';
+
 CREATE FUNCTION throttle._lock_claim(ids bigint[], token bigint)
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -236,13 +249,7 @@ BEGIN
             SELECT array_agg(f) INTO finished FROM failed f;
             EXIT;
         EXCEPTION WHEN unique_violation THEN
-            -- Only a new snapshot shows the newer run: in one transaction
-            -- snapshot (repeatable read, serializable) the client retries.
-            IF current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE EXCEPTION 'a newer run of an item_key was scheduled concurrently'
-                      USING ERRCODE = 'serialization_failure',
-                            HINT = 'Retry the transaction.';
-            END IF;
+            PERFORM throttle._newer_run_committed();
             IF attempt = 3 THEN
                 RAISE;
             END IF;
@@ -387,13 +394,7 @@ BEGIN
             GET DIAGNOSTICS released = ROW_COUNT;
             EXIT;
         EXCEPTION WHEN unique_violation THEN
-            -- Only a new snapshot shows the newer run: in one transaction
-            -- snapshot (repeatable read, serializable) the client retries.
-            IF current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE EXCEPTION 'a newer run of an item_key was scheduled concurrently'
-                      USING ERRCODE = 'serialization_failure',
-                            HINT = 'Retry the transaction.';
-            END IF;
+            PERFORM throttle._newer_run_committed();
             IF attempt = 3 THEN
                 RAISE;
             END IF;
