@@ -353,9 +353,12 @@ BEGIN
     -- One priority at a time, from the highest (a skip scan along
     -- event_due_single): within a priority, run_at <= now bounds the scan,
     -- so events scheduled for later cost nothing, whatever their priority.
-    level := (SELECT max(e.priority) FROM throttle.event e
-              WHERE e.queue = claim.queue AND e.state = 'pending' AND e.group_key IS NULL);
-    WHILE level IS NOT NULL AND coalesce(cardinality(expired), 0) + cardinality(due) < max LOOP
+    -- The next priority is looked up only while the claim wants more.
+    IF coalesce(cardinality(expired), 0) < max THEN
+        level := (SELECT max(e.priority) FROM throttle.event e
+                  WHERE e.queue = claim.queue AND e.state = 'pending' AND e.group_key IS NULL);
+    END IF;
+    WHILE level IS NOT NULL LOOP
         SELECT array_agg(id) INTO more FROM (
             SELECT e.id FROM throttle.event e
             WHERE e.queue = claim.queue AND e.state = 'pending' AND e.group_key IS NULL
@@ -366,6 +369,7 @@ BEGIN
             ORDER BY e.run_at, e.id LIMIT max - coalesce(cardinality(expired), 0) - cardinality(due)
             FOR UPDATE SKIP LOCKED) AS x;
         due := due || coalesce(more, '{}');
+        EXIT WHEN coalesce(cardinality(expired), 0) + cardinality(due) >= max;
         level := (SELECT max(e.priority) FROM throttle.event e
                   WHERE e.queue = claim.queue AND e.state = 'pending' AND e.group_key IS NULL
                     AND e.priority < level);
