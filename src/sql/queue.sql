@@ -521,12 +521,16 @@ BEGIN
                          AND e.state = 'claimed' AND e.group_key IS NOT NULL
                          AND e.claim_token = g.claim_token) THEN
             PERFORM throttle._group_release_at_commit(g.queue, g.group_key, g.claim_token);
+            -- Due events that arrived while the group was held can be had now.
+            PERFORM pg_notify(x.queue, x.id::text) FROM throttle.event x  -- event_groups
+            WHERE x.queue = g.queue AND x.group_key = g.group_key AND x.group_key IS NOT NULL
+              AND x.state = 'pending' AND x.run_at <= throttle.now();
         END IF;
     END LOOP;
 END
 $$;
 COMMENT ON FUNCTION throttle._release_groups(throttle.event[]) IS
-    'Internal: releases the group leases of claims that have no claimed event left, when the calling transaction commits.';
+    'Internal: releases the group leases of claims that have no claimed event left, when the calling transaction commits, and NOTIFYs the due events of those groups.';
 
 -- A newer run of an item_key committed while fail or release_group moved
 -- its claimed run back to pending (a unique violation): read committed tries
@@ -536,7 +540,7 @@ CREATE FUNCTION throttle._newer_run_committed()
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
         RAISE EXCEPTION 'a newer run of an item_key was scheduled concurrently'
               USING ERRCODE = 'serialization_failure', HINT = 'Retry the transaction.';
     END IF;
@@ -556,12 +560,14 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM 1 FROM throttle.event g
-    WHERE g.state = 'claimed' AND g.claim_token = token AND throttle._acts_as(g.claimed_role)
-      AND (g.id = ANY (ids)
-           OR (g.group_key IS NOT NULL
-               AND (g.queue, g.group_key) IN (SELECT e.queue, e.group_key FROM throttle.event e
-                                              WHERE e.id = ANY (ids) AND e.group_key IS NOT NULL
-                                                AND e.claim_token = token)))
+    WHERE g.id IN (SELECT unnest(ids)
+                   UNION
+                   SELECT x.id FROM throttle.event e
+                   JOIN throttle.event x  -- event_claimed_groups
+                     ON x.queue = e.queue AND x.group_key = e.group_key AND x.claim_token = token
+                    AND x.state = 'claimed' AND x.group_key IS NOT NULL
+                   WHERE e.id = ANY (ids) AND e.group_key IS NOT NULL AND e.claim_token = token)
+      AND g.state = 'claimed' AND g.claim_token = token AND throttle._acts_as(g.claimed_role)
     ORDER BY g.id
     FOR UPDATE OF g;
 END
@@ -703,34 +709,43 @@ DECLARE
     wanted bigint;
     ev throttle.event;
     now timestamptz := throttle.now();
+    refused jsonb := '{}';  -- dead events not retried: id -> reason
+    done bigint[] := '{}';  -- dead events retried
 BEGIN
     PERFORM throttle._require(ids, 'ids');
-    -- The dead events among ids, locked in id order first: two retries
-    -- never wait for each other in a circle.
-    PERFORM 1 FROM throttle.event e WHERE e.id = ANY (ids) AND e.state = 'dead' ORDER BY e.id FOR UPDATE;
+    -- The dead events among ids, locked and brought back in (queue,
+    -- item_key, id) order: the order in which their entries go into
+    -- event_pending_key, so two retries never wait for each other there in
+    -- a circle. Then one row per id, in the order of ids.
+    FOR ev IN SELECT * FROM throttle.event e WHERE e.id = ANY (ids) AND e.state = 'dead'
+              ORDER BY e.queue, e.item_key, e.id FOR UPDATE
+    LOOP
+        IF EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key, event_claimed_key
+                   WHERE u.queue = ev.queue AND u.item_key = ev.item_key
+                     AND u.state IN ('pending', 'claimed')) THEN
+            refused := refused || jsonb_build_object(ev.id, 'its item_key has a newer run, pending or claimed');
+            CONTINUE;
+        END IF;
+        BEGIN
+            UPDATE throttle.event e SET state = 'pending', attempts = 0, run_at = now,
+                   completed_at = NULL, completed_by = NULL
+            WHERE e.id = ev.id;
+            PERFORM pg_notify(ev.queue, ev.id::text);
+            done := done || ev.id;
+        EXCEPTION WHEN unique_violation THEN
+            refused := refused || jsonb_build_object(ev.id, 'its item_key has a newer run, pending or claimed');
+        END;
+    END LOOP;
     FOREACH wanted IN ARRAY ids LOOP
         id := wanted;
-        retried := false;
-        reason := NULL;
-        -- Only dead events are locked: a retry of any other id reads it.
-        SELECT * INTO ev FROM throttle.event e WHERE e.id = wanted AND e.state = 'dead' FOR UPDATE;
-        IF NOT FOUND THEN
+        retried := wanted = ANY (done);
+        reason := refused ->> wanted::text;
+        IF retried THEN
+            done := array_remove(done, wanted);  -- a second mention finds it pending
+        ELSIF reason IS NULL THEN
+            retried := false;
             SELECT * INTO ev FROM throttle.event e WHERE e.id = wanted;
             reason := CASE WHEN FOUND THEN 'the event is ' || ev.state || ', not dead' ELSE 'no such event' END;
-        ELSIF EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key, event_claimed_key
-                      WHERE u.queue = ev.queue AND u.item_key = ev.item_key
-                        AND u.state IN ('pending', 'claimed')) THEN
-            reason := 'its item_key has a newer run, pending or claimed';
-        ELSE
-            BEGIN
-                UPDATE throttle.event e SET state = 'pending', attempts = 0, run_at = now,
-                       completed_at = NULL, completed_by = NULL
-                WHERE e.id = wanted;
-                PERFORM pg_notify(ev.queue, wanted::text);
-                retried := true;
-            EXCEPTION WHEN unique_violation THEN
-                reason := 'its item_key has a newer run, pending or claimed';
-            END;
         END IF;
         RETURN NEXT;
     END LOOP;
@@ -778,7 +793,7 @@ RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    released integer;
+    ended throttle.event[];
 BEGIN
     PERFORM throttle._require(queue, 'queue'), throttle._require(group_key, 'group_key');
     PERFORM 1 FROM throttle.event x  -- in id order, as complete, fail and extend lock
@@ -790,18 +805,20 @@ BEGIN
     -- one that commits meanwhile shows as a unique violation: then again.
     FOR attempt IN 1 .. 3 LOOP
         BEGIN
-            UPDATE throttle.event e
-            SET state = CASE WHEN s.superseded THEN 'cancelled' ELSE 'pending' END,
-                cancelled_at = CASE WHEN s.superseded THEN throttle.now() END,
-                lease_until = NULL, claim_token = NULL
-            FROM (SELECT x.id, EXISTS (SELECT 1 FROM throttle.event u
-                                       WHERE u.queue = x.queue AND u.item_key = x.item_key
-                                         AND u.state = 'pending') AS superseded
-                  FROM throttle.event x
-                  WHERE x.queue = release_group.queue AND x.group_key = release_group.group_key
-                    AND x.group_key IS NOT NULL AND x.state = 'claimed') AS s  -- event_claimed_groups
-            WHERE s.id = e.id AND e.state = 'claimed';
-            GET DIAGNOSTICS released = ROW_COUNT;
+            WITH r AS (
+                UPDATE throttle.event e
+                SET state = CASE WHEN s.superseded THEN 'cancelled' ELSE 'pending' END,
+                    cancelled_at = CASE WHEN s.superseded THEN throttle.now() END,
+                    lease_until = NULL, claim_token = NULL
+                FROM (SELECT x.id, EXISTS (SELECT 1 FROM throttle.event u
+                                           WHERE u.queue = x.queue AND u.item_key = x.item_key
+                                             AND u.state = 'pending') AS superseded
+                      FROM throttle.event x
+                      WHERE x.queue = release_group.queue AND x.group_key = release_group.group_key
+                        AND x.group_key IS NOT NULL AND x.state = 'claimed') AS s  -- event_claimed_groups
+                WHERE s.id = e.id AND e.state = 'claimed'
+                RETURNING e.*)
+            SELECT array_agg(r) INTO ended FROM r;
             EXIT;
         EXCEPTION WHEN unique_violation THEN
             PERFORM throttle._newer_run_committed();
@@ -813,10 +830,12 @@ BEGIN
     -- Until this commits the rows still say claimed, which keeps the group
     -- from every other worker.
     PERFORM throttle._group_reset(queue, group_key);
+    -- The group's due events, and newer runs elsewhere of those it cancelled.
     PERFORM pg_notify(queue, x.id::text) FROM throttle.event x
     WHERE x.queue = release_group.queue AND x.group_key = release_group.group_key
       AND x.group_key IS NOT NULL AND x.state = 'pending' AND x.run_at <= throttle.now();
-    RETURN released;
+    PERFORM throttle._notify_successors(ended);
+    RETURN coalesce(cardinality(ended), 0);
 END
 $$;
 COMMENT ON FUNCTION throttle.release_group(text, text) IS

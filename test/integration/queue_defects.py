@@ -87,7 +87,7 @@ def claim_group_during(tap, admin, queue, change, what):
 
 
 def main():
-    tap = Tap(42)
+    tap = Tap(43)
     admin = connect()
     cur = admin.cursor()
 
@@ -397,6 +397,32 @@ def main():
     tap.is_(one(admin, "SELECT throttle.fail(ARRAY[%s]::bigint[], %s, 'boom')", old)[0], 1,
             "and the retry supersedes the failed run")
     rr.close()
+
+    # 43: two retries crossing two keys: each brings its dead runs back in
+    # key order, so they cannot wait for each other in a circle. A holds
+    # k's pending entry; B (m's run first in its array) waits for k before
+    # it touches m; A then brings m back and commits. The old order put
+    # m into the index first in B and deadlocked here.
+    fresh(cur, "d.cross")
+    dead = {}
+    for key in ("k", "k", "m", "m"):
+        cur.execute("SELECT throttle.schedule('d.cross', %s, now(), max_attempts => 1)", (key,))
+        run = one(admin, "SELECT id, claim_token FROM throttle.claim('d.cross', 'w')")
+        cur.execute("SELECT throttle.fail(ARRAY[%s]::bigint[], %s, 'boom')", run)
+        dead.setdefault(key, []).append(run[0])
+    a_conn = connect(autocommit=False)
+    execute(a_conn, "SELECT * FROM throttle.retry(ARRAY[%s]::bigint[])", (dead["k"][0],))
+    b_conn = connect(options="-c deadlock_timeout=100ms")
+    result, _, thread = timed(b_conn, "SELECT retried FROM throttle.retry(ARRAY[%s, %s]::bigint[])",
+                              (dead["m"][1], dead["k"][1]))
+    time.sleep(0.5)
+    a_error = sql_error(a_conn, "SELECT * FROM throttle.retry(ARRAY[%s]::bigint[])", (dead["m"][0],))
+    a_conn.commit()
+    thread.join(timeout=30)
+    tap.is_((a_error, result.get("error"), result.get("rows")), (None, None, [(False,), (False,)]),
+            "two retries crossing two keys: no deadlock; the second finds both keys retried")
+    a_conn.close()
+    b_conn.close()
     b.close()
     admin.close()
     tap.done()
