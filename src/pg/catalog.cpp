@@ -1,44 +1,25 @@
 #include "pg/catalog.hpp"
 
+#include "pg/kept_plan.hpp"
+
 namespace pg_throttle::pg {
 namespace {
 
-// One saved plan per catalog query, prepared on first use in this backend.
-struct CatalogQuery {
-    const char* sql;
-    SPIPlanPtr plan;
-};
-
-CatalogQuery resource_query{"SELECT every FROM throttle.resource WHERE name = $1", nullptr};
-CatalogQuery bucket_query{"SELECT rate, per, burst FROM throttle.bucket WHERE name = $1", nullptr};
-
-SPIPlanPtr prepared(CatalogQuery* query) {
-    if (query->plan == nullptr) {
-        Oid argtypes[1] = {TEXTOID};
-        SPIPlanPtr plan = SPI_prepare(query->sql, 1, argtypes);
-        if (plan == nullptr) {
-            elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
-        }
-        if (SPI_keepplan(plan) != 0) {
-            elog(ERROR, "SPI_keepplan failed");
-        }
-        query->plan = plan;
-    }
-    return query->plan;
-}
+// One kept plan per catalog query, prepared on first use in this backend.
+KeptPlan resource_query{
+    "SELECT every FROM throttle.resource WHERE name = $1", 1, {TEXTOID}, nullptr};
+KeptPlan bucket_query{
+    "SELECT rate, per, burst FROM throttle.bucket WHERE name = $1", 1, {TEXTOID}, nullptr};
 
 // Runs `query` for `name`; on the row found, `extract` copies what it needs
 // before SPI memory goes away. Returns whether a row was found.
-bool lookup(CatalogQuery* query, const text* name,
+bool lookup(KeptPlan* query, const text* name,
             void (*extract)(HeapTuple row, TupleDesc desc, void* ctx), void* ctx) {
     if (SPI_connect() != SPI_OK_CONNECT) {
         elog(ERROR, "SPI_connect failed");
     }
     Datum args[1] = {PointerGetDatum(name)};
-    const int rc = SPI_execute_plan(prepared(query), args, nullptr, false, 1);
-    if (rc != SPI_OK_SELECT) {
-        elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
-    }
+    run_kept_plan(query, args, nullptr, SPI_OK_SELECT, 1);
     const bool found = SPI_processed == 1;
     if (found) {
         extract(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, ctx);

@@ -1,0 +1,33 @@
+// SQL the extension runs through SPI, with its plan prepared on first use in
+// a backend and kept for the backend's life: one generic plan, no parse and
+// no plan per call (unless the statement asks for custom plans).
+#pragma once
+
+#include "pg/pg_headers.hpp"
+
+namespace pg_throttle::pg {
+
+inline constexpr int kMaxPlanArgs = 8;
+
+struct KeptPlan {
+    const char* sql;
+    int nargs;
+    Oid argtypes[kMaxPlanArgs];
+    SPIPlanPtr plan;  // nullptr until first use
+    // Let PostgreSQL plan each call for its parameters when a custom plan
+    // beats the generic one (its default for prepared statements), for a
+    // statement whose best plan depends on them.
+    bool custom_plans = false;
+};
+
+// The plan of `query`, prepared and kept on first use. Inside SPI_connect.
+SPIPlanPtr kept_plan(KeptPlan* query);
+
+// Runs `query` with `args` (`nulls` as SPI takes them: nullptr, or 'n' for a
+// NULL and ' ' otherwise), at most `limit` rows (0: all); raises an internal
+// error unless SPI answers `expected` (SPI_OK_SELECT, SPI_OK_UPDATE, ...).
+// Inside SPI_connect; the rows are in SPI_tuptable.
+void run_kept_plan(KeptPlan* query, const Datum* args, const char* nulls, int expected,
+                   long limit = 0);
+
+}  // namespace pg_throttle::pg
