@@ -13,3 +13,16 @@ INSERT INTO throttle.resource (name, every) VALUES ('re.declared', '1 hour'), ('
 SELECT throttle.acquire('re.declared') AS after_recreate;
 SELECT throttle.acquire('re.new') AS new_declaration;
 RESET pg_throttle.test_clock;
+-- The queue's kept plans (claim, complete) follow a re-created table too.
+SELECT throttle.schedule('re.queue', 'a', now()) > 0 AS scheduled;
+WITH claimed AS (SELECT array_agg(id) AS ids, min(claim_token) AS token
+                 FROM throttle.claim('re.queue', 'worker'))
+SELECT cardinality(ids) AS claimed, throttle.complete(ids, token) AS completed FROM claimed;
+DROP EXTENSION pg_throttle;
+CREATE EXTENSION pg_throttle;
+SELECT throttle.schedule('re.queue', 'a', now()) > 0 AS scheduled_again;
+WITH claimed AS (SELECT array_agg(id) AS ids, min(claim_token) AS token
+                 FROM throttle.claim('re.queue', 'worker'))
+SELECT cardinality(ids) AS claimed_again, throttle.complete(ids, token) AS completed_again
+FROM claimed;
+SELECT state, count(*) FROM throttle.event GROUP BY state;

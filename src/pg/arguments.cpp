@@ -25,6 +25,21 @@ core::Micros finite_micros(const Interval* interval, const char* what) {
 
 }  // namespace
 
+void require_positive_interval(const Interval* interval, const char* what) {
+    const int infinity = compat_interval_infinity(interval);
+    Interval zero{};
+    if (infinity < 0 ||
+        (infinity == 0 && DatumGetBool(DirectFunctionCall2(interval_le, IntervalPGetDatum(interval),
+                                                           IntervalPGetDatum(&zero))))) {
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("%s must be a positive interval", what)));
+    }
+    if (infinity > 0) {
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("%s must be a finite interval", what)));
+    }
+}
+
 core::Micros positive_interval(const Interval* interval, const char* what) {
     const int infinity = compat_interval_infinity(interval);
     if (infinity > 0) {

@@ -14,6 +14,11 @@ void require_not_null(FunctionCallInfo fcinfo, int n, const char* what);
 // raises 22023 naming `what` when it is zero or negative, 22008 when too large.
 core::Micros positive_interval(const Interval* interval, const char* what);
 
+// Raises 22023 naming `what` unless `interval` is positive and finite, as
+// SQL compares intervals (a month is 30 days); unlike positive_interval it
+// sets no upper bound, for intervals that SQL adds to a timestamp.
+void require_positive_interval(const Interval* interval, const char* what);
+
 // How long a caller may wait: argument `n` as microseconds, kNever when it is
 // NULL (no limit); raises 22023 naming `what` when negative, 22008 when too large.
 core::Micros optional_wait(FunctionCallInfo fcinfo, int n, const char* what);

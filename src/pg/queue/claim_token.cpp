@@ -1,24 +1,26 @@
-// throttle._claim_token(): the token of a claim of ungrouped events.
-//
-// A fence token (durability/fence.hpp): unique on the server and greater
-// than every token handed out before, also after a crash or a promotion, so
-// that a claim made after an earlier one expired never has its token.
-// (A group claim's token is its group lease's, from the same counter.)
+// throttle._claim_token(), for the queue's SQL functions.
+#include "pg/queue/claim_token.hpp"
+
 #include "pg/boundary.hpp"
 #include "pg/durability/fence.hpp"
 
 namespace pg_throttle::pg {
-namespace {
 
-// () -> a new token.
-Datum claim_token(FunctionCallInfo /*fcinfo*/) {
+int64 new_claim_token() {
     for (;;) {
         fence_reserve_ahead();
         const int64 token = fence_next();
         if (token != 0) {
-            PG_RETURN_INT64(token);
+            return token;
         }
     }
+}
+
+namespace {
+
+// () -> a new token.
+Datum claim_token(FunctionCallInfo /*fcinfo*/) {
+    PG_RETURN_INT64(new_claim_token());
 }
 
 }  // namespace

@@ -185,24 +185,8 @@ COMMENT ON FUNCTION throttle._notify_successors(throttle.event[]) IS
 
 CREATE FUNCTION throttle.complete(ids bigint[], token bigint)
 RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    finished throttle.event[];
-BEGIN
-    PERFORM throttle._require(ids, 'ids'), throttle._require(token, 'token');
-    PERFORM throttle._lock_claim(ids, token);
-    WITH done AS (
-        UPDATE throttle.event e SET state = 'done', completed_at = throttle.now(),
-               completed_by = e.claimed_by, lease_until = NULL
-        WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
-          AND throttle._acts_as(e.claimed_role)
-        RETURNING e.*)
-    SELECT array_agg(d) INTO finished FROM done d;
-    PERFORM throttle._release_groups(finished), throttle._notify_successors(finished);
-    RETURN coalesce(cardinality(finished), 0);
-END
-$$;
+AS 'MODULE_PATHNAME', 'pg_throttle_complete'
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION throttle.complete(bigint[], bigint) IS
     'Marks the events done, if the claim token still holds them and the caller is the claim''s role (or may act for it); returns how many. A worker whose claim was taken over gets 0.';
 
@@ -470,29 +454,27 @@ COMMENT ON FUNCTION throttle._caller() IS
 CREATE OR REPLACE FUNCTION throttle._mark_claimed(ids bigint[], worker text, lease interval, token bigint,
                                        now timestamptz)
 RETURNS SETOF throttle.event
-LANGUAGE sql AS $$
-    WITH superseded AS (
-        -- A claim that expired while a newer run of its item_key waits: the
-        -- newer run replaces it.
-        UPDATE throttle.event e SET state = 'cancelled', cancelled_at = now, lease_until = NULL
-        WHERE e.id = ANY (ids) AND e.state = 'claimed' AND e.lease_until <= now
-          AND EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
-                      WHERE u.queue = e.queue AND u.item_key = e.item_key AND u.state = 'pending')
-        RETURNING e.id
-    ), dead AS (
-        UPDATE throttle.event SET state = 'dead', completed_at = now, completed_by = claimed_by,
-               last_error = coalesce(last_error, 'lease expired ' || attempts || ' times')
-        WHERE id = ANY (ids) AND attempts >= max_attempts
-          AND (state = 'pending' OR (state = 'claimed' AND lease_until <= now))
-          AND id NOT IN (SELECT id FROM superseded)
-    )
-    UPDATE throttle.event
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    -- A claim that expired while a newer run of its item_key waits: the
+    -- newer run replaces it.
+    UPDATE throttle.event e SET state = 'cancelled', cancelled_at = now, lease_until = NULL
+    WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.lease_until <= now
+      AND EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
+                  WHERE u.queue = e.queue AND u.item_key = e.item_key AND u.state = 'pending');
+    UPDATE throttle.event e SET state = 'dead', completed_at = now, completed_by = e.claimed_by,
+           last_error = coalesce(e.last_error, 'lease expired ' || e.attempts || ' times')
+    WHERE e.id = ANY (ids) AND e.attempts >= e.max_attempts
+      AND (upper(e.state) = 'PENDING' OR (upper(e.state) = 'CLAIMED' AND e.lease_until <= now));
+    RETURN QUERY
+    UPDATE throttle.event e
     SET state = 'claimed', claimed_at = now, claimed_by = worker, lease_until = now + lease,
-        claim_token = token, claimed_role = throttle._caller_role(), attempts = attempts + 1
-    WHERE id = ANY (ids) AND attempts < max_attempts
-      AND (state = 'pending' OR (state = 'claimed' AND lease_until <= now))
-      AND id NOT IN (SELECT id FROM superseded)
-    RETURNING *
+        claim_token = token, claimed_role = throttle._caller_role(), attempts = e.attempts + 1
+    WHERE e.id = ANY (ids) AND e.attempts < e.max_attempts
+      AND (upper(e.state) = 'PENDING' OR (upper(e.state) = 'CLAIMED' AND e.lease_until <= now))
+    RETURNING e.*;
+END
 $$;
 COMMENT ON FUNCTION throttle._mark_claimed(bigint[], text, interval, bigint, timestamptz) IS
     'Internal: claims events for a worker and the calling role with token; makes dead those whose attempts are used up, and cancels expired claims superseded by a newer pending run of their item_key.';
@@ -500,62 +482,8 @@ COMMENT ON FUNCTION throttle._mark_claimed(bigint[], text, interval, bigint, tim
 CREATE OR REPLACE FUNCTION throttle.claim(queue text, worker text, lease interval DEFAULT '5 minutes',
                                max integer DEFAULT 1)
 RETURNS SETOF throttle.event
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    now timestamptz := throttle.now();
-    expired bigint[];
-    due bigint[] := '{}';
-    more bigint[];
-    level integer;
-BEGIN
-    PERFORM throttle._require(queue, 'queue'), throttle._require(worker, 'worker'),
-            throttle._require(max, 'max');
-    PERFORM throttle._positive(lease, 'lease');
-    IF max <= 0 THEN
-        RAISE EXCEPTION 'max must be positive' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    -- Claims whose lease expired, then due pending events, higher priority
-    -- first, then oldest first. Rows another worker is claiming right now
-    -- are skipped, never waited for. Events with a group_key belong to
-    -- throttle.claim_group.
-    SELECT array_agg(id) INTO expired FROM (
-        SELECT e.id FROM throttle.event e
-        WHERE e.queue = claim.queue AND e.state = 'claimed' AND e.lease_until <= now
-          AND e.group_key IS NULL
-        ORDER BY e.lease_until, e.id LIMIT max FOR UPDATE SKIP LOCKED) AS x;
-    -- One priority at a time, from the highest (a skip scan along
-    -- event_due_single): within a priority, run_at <= now bounds the scan,
-    -- so events scheduled for later cost nothing, whatever their priority.
-    -- The next priority is looked up only while the claim wants more.
-    IF coalesce(cardinality(expired), 0) < max THEN
-        level := (SELECT max(e.priority) FROM throttle.event e
-                  WHERE e.queue = claim.queue AND e.state = 'pending' AND e.group_key IS NULL);
-    END IF;
-    WHILE level IS NOT NULL LOOP
-        SELECT array_agg(id) INTO more FROM (
-            SELECT e.id FROM throttle.event e
-            WHERE e.queue = claim.queue AND e.state = 'pending' AND e.group_key IS NULL
-              AND e.priority = level AND e.run_at <= now
-              AND NOT EXISTS (SELECT 1 FROM throttle.event c  -- event_claimed_key
-                              WHERE c.queue = e.queue AND c.item_key = e.item_key
-                                AND c.state = 'claimed')
-            ORDER BY e.run_at, e.id LIMIT max - coalesce(cardinality(expired), 0) - cardinality(due)
-            FOR UPDATE SKIP LOCKED) AS x;
-        due := due || coalesce(more, '{}');
-        EXIT WHEN coalesce(cardinality(expired), 0) + cardinality(due) >= max;
-        level := (SELECT max(e.priority) FROM throttle.event e
-                  WHERE e.queue = claim.queue AND e.state = 'pending' AND e.group_key IS NULL
-                    AND e.priority < level);
-    END LOOP;
-    IF expired IS NULL AND cardinality(due) = 0 THEN
-        RETURN;
-    END IF;
-    RETURN QUERY SELECT * FROM throttle._mark_claimed(coalesce(expired, '{}') || due,
-                                                     worker, lease, throttle._claim_token(), now)
-                 ORDER BY priority DESC, run_at, id;
-END
-$$;
+AS 'MODULE_PATHNAME', 'pg_throttle_claim'
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION throttle.claim(text, text, interval, integer) IS
     'Claims up to max due events without a group_key for worker until lease: claims whose lease expired, then pending events with run_at <= now, higher priority first, then oldest first; never waits for rows another worker is claiming. The events carry the claim''s claim_token, which complete, fail and extend need. Grouped events are claimed with throttle.claim_group.';
 

@@ -1,0 +1,188 @@
+// throttle.claim(queue, worker, lease, max): up to max due events without a
+// group_key, for one worker, natively: each step is one statement whose plan
+// this backend prepared once (kept_plan.hpp), and the claim's token comes
+// straight from the fence counter.
+//
+// The steps, in one snapshot each and never waiting for a row another
+// transaction holds (SKIP LOCKED):
+//  1. claims whose lease expired, oldest lease first;
+//  2. due pending events, one priority at a time from the highest (a skip
+//     scan along event_due_single: within a priority run_at <= now bounds
+//     the scan, so events scheduled for later cost nothing), the next
+//     priority looked up only while the claim wants more; an event whose
+//     item_key has a claimed run waits for it;
+//  3. one UPDATE marks them claimed (or dead, when their attempts are used
+//     up, or cancelled, an expired claim superseded by a newer run).
+#include "pg/arguments.hpp"
+#include "pg/boundary.hpp"
+#include "pg/clock.hpp"
+#include "pg/kept_plan.hpp"
+#include "pg/queue/claim_token.hpp"
+#include "pg/queue/event_rows.hpp"
+#include "pg/registry.hpp"
+
+namespace pg_throttle::pg {
+namespace {
+
+KeptPlan expired_claims{
+    "SELECT e.id FROM throttle.event e"
+    " WHERE e.queue = $1 AND e.state = 'claimed' AND e.lease_until <= $2 AND e.group_key IS NULL"
+    " ORDER BY e.lease_until, e.id LIMIT $3 FOR UPDATE SKIP LOCKED",
+    3,
+    {TEXTOID, TIMESTAMPTZOID, INT4OID},
+    nullptr};
+
+KeptPlan top_priority{
+    "SELECT max(e.priority) FROM throttle.event e"
+    " WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL",
+    1,
+    {TEXTOID},
+    nullptr};
+
+KeptPlan next_priority{
+    "SELECT max(e.priority) FROM throttle.event e"
+    " WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL AND e.priority < $2",
+    2,
+    {TEXTOID, INT4OID},
+    nullptr};
+
+KeptPlan due_events{
+    "SELECT e.id FROM throttle.event e"
+    " WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL"
+    "   AND e.priority = $2 AND e.run_at <= $3"
+    "   AND NOT EXISTS (SELECT 1 FROM throttle.event c"  // event_claimed_key
+    "                   WHERE c.queue = e.queue AND c.item_key = e.item_key"
+    "                     AND c.state = 'claimed')"
+    " ORDER BY e.run_at, e.id LIMIT $4 FOR UPDATE SKIP LOCKED",
+    4,
+    {TEXTOID, INT4OID, TIMESTAMPTZOID, INT4OID},
+    nullptr};
+
+// Due pending events only (no expired claim among them): claimed.
+KeptPlan mark_pending_claimed{
+    "WITH claimed AS ("
+    "  UPDATE throttle.event"
+    "  SET state = 'claimed', claimed_at = $5, claimed_by = $2, lease_until = $5 + $3,"
+    "      claim_token = $4, claimed_role = $6, attempts = attempts + 1"
+    "  WHERE id = ANY ($1) AND state = 'pending' AND attempts < max_attempts"
+    "  RETURNING *)"
+    " SELECT * FROM claimed ORDER BY priority DESC, run_at, id",
+    6,
+    {INT8ARRAYOID, TEXTOID, INTERVALOID, INT8OID, TIMESTAMPTZOID, OIDOID},
+    nullptr};
+
+// The rest of them, whose attempts a retry left used up: dead.
+KeptPlan mark_pending_dead{
+    "UPDATE throttle.event SET state = 'dead', completed_at = $2, completed_by = claimed_by,"
+    "       last_error = coalesce(last_error, 'lease expired ' || attempts || ' times')"
+    " WHERE id = ANY ($1) AND state = 'pending' AND attempts >= max_attempts",
+    2,
+    {INT8ARRAYOID, TIMESTAMPTZOID},
+    nullptr};
+
+// With expired claims among them: throttle._mark_claimed's rules.
+KeptPlan mark_claimed{
+    "SELECT * FROM throttle._mark_claimed($1, $2, $3, $4, $5) ORDER BY priority DESC, run_at, id",
+    5,
+    {INT8ARRAYOID, TEXTOID, INTERVALOID, INT8OID, TIMESTAMPTZOID},
+    nullptr};
+
+// The highest priority of the queue's pending ungrouped events below `below`
+// (or of all when `below` is nullptr); false when there is none.
+bool priority_level(Datum queue, const int32* below, int32* level) {
+    if (below == nullptr) {
+        Datum args[1] = {queue};
+        run_kept_plan(&top_priority, args, nullptr, SPI_OK_SELECT, 1);
+    } else {
+        Datum args[2] = {queue, Int32GetDatum(*below)};
+        run_kept_plan(&next_priority, args, nullptr, SPI_OK_SELECT, 1);
+    }
+    bool is_null = true;
+    const Datum value = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null);
+    if (is_null) {
+        return false;
+    }
+    *level = DatumGetInt32(value);
+    return true;
+}
+
+// (queue text, worker text, lease interval, max integer) -> SETOF throttle.event
+Datum claim(FunctionCallInfo fcinfo) {
+    require_not_null(fcinfo, 0, "queue");
+    require_not_null(fcinfo, 1, "worker");
+    require_not_null(fcinfo, 3, "max");
+    require_not_null(fcinfo, 2, "lease");
+    const Interval* lease = PG_GETARG_INTERVAL_P(2);
+    require_positive_interval(lease, "lease");
+    const int32 max = PG_GETARG_INT32(3);
+    if (max <= 0) {
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("max must be positive")));
+    }
+    registry_require();
+    const Datum queue = PG_GETARG_DATUM(0);
+    const Datum now = TimestampTzGetDatum(clock_now());
+
+    if (SPI_connect() != SPI_OK_CONNECT) {
+        elog(ERROR, "SPI_connect failed");
+    }
+    Datum expired_args[3] = {queue, now, Int32GetDatum(max)};
+    run_kept_plan(&expired_claims, expired_args, nullptr, SPI_OK_SELECT);
+    uint64 found = 0;
+    ArrayType* expired = spi_ids(&found);
+    const uint64 expired_count = found;
+    ArrayType* ids = found > 0 ? expired : nullptr;
+
+    int32 level = 0;
+    bool have_level = found < static_cast<uint64>(max) && priority_level(queue, nullptr, &level);
+    while (have_level) {
+        Datum due_args[4] = {queue, Int32GetDatum(level), now,
+                             Int32GetDatum(max - static_cast<int32>(found))};
+        run_kept_plan(&due_events, due_args, nullptr, SPI_OK_SELECT);
+        uint64 more = 0;
+        ArrayType* due = spi_ids(&more);
+        if (more > 0) {
+            ids = concat_ids(ids, due);
+            found += more;
+        }
+        if (found >= static_cast<uint64>(max)) {
+            break;
+        }
+        const int32 below = level;
+        have_level = priority_level(queue, &below, &level);
+    }
+
+    if (found == 0) {
+        InitMaterializedSRF(fcinfo, 0);
+        SPI_finish();
+        return static_cast<Datum>(0);
+    }
+    const int64 token = new_claim_token();
+    if (expired_count > 0) {
+        Datum args[5] = {PointerGetDatum(ids), PG_GETARG_DATUM(1), PG_GETARG_DATUM(2),
+                         Int64GetDatum(token), now};
+        run_kept_plan(&mark_claimed, args, nullptr, SPI_OK_SELECT);
+        return_events(fcinfo, SPI_tuptable, SPI_processed);
+    } else {
+        Datum args[6] = {PointerGetDatum(ids),
+                         PG_GETARG_DATUM(1),
+                         PG_GETARG_DATUM(2),
+                         Int64GetDatum(token),
+                         now,
+                         ObjectIdGetDatum(GetOuterUserId())};
+        run_kept_plan(&mark_pending_claimed, args, nullptr, SPI_OK_SELECT);
+        const SPITupleTable* claimed = SPI_tuptable;  // kept until SPI_finish
+        const uint64 claimed_count = SPI_processed;
+        if (claimed_count < found) {
+            Datum dead_args[2] = {PointerGetDatum(ids), now};
+            run_kept_plan(&mark_pending_dead, dead_args, nullptr, SPI_OK_UPDATE);
+        }
+        return_events(fcinfo, claimed, claimed_count);
+    }
+    SPI_finish();
+    return static_cast<Datum>(0);
+}
+
+}  // namespace
+}  // namespace pg_throttle::pg
+
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_claim, pg_throttle::pg::claim)

@@ -1,0 +1,127 @@
+// throttle.complete(ids, token): marks done the events that the claim
+// `token` still holds, natively (kept plans, kept_plan.hpp).
+//
+//  1. Locks, in id order, those events and, when some belong to a group,
+//     every other event of their group claims, as throttle._lock_claim does
+//     for fail and extend: all three lock in one order, so they never deadlock on one
+//     claim, and two transactions that each finish part of a group claim
+//     see each other's end (the last one releases the group).
+//  2. Marks them done, if the caller may act for the claim's role.
+//  3. Releases, at commit, the leases of group claims with nothing left
+//     claimed, and NOTIFYs the due events of those groups and the due runs
+//     scheduled for the finished events' item_keys while they ran.
+#include "pg/arguments.hpp"
+#include "pg/boundary.hpp"
+#include "pg/clock.hpp"
+#include "pg/kept_plan.hpp"
+#include "pg/queue/event_rows.hpp"
+#include "pg/registry.hpp"
+
+namespace pg_throttle::pg {
+namespace {
+
+// Whether any of the events belongs to a group (group_key never changes).
+KeptPlan any_grouped{
+    "SELECT EXISTS (SELECT 1 FROM throttle.event e WHERE e.id = ANY ($1) AND e.group_key IS NOT "
+    "NULL)",
+    1,
+    {INT8ARRAYOID},
+    nullptr};
+
+// Ungrouped events only: those of the claim, in id order.
+KeptPlan lock_events{
+    "SELECT 1 FROM throttle.event g"
+    " WHERE g.id = ANY ($1) AND g.state = 'claimed' AND g.claim_token = $2"
+    "   AND throttle._acts_as(g.claimed_role)"
+    " ORDER BY g.id"
+    " FOR UPDATE OF g",
+    2,
+    {INT8ARRAYOID, INT8OID},
+    nullptr};
+
+// With grouped events: throttle._lock_claim's statement, which adds the
+// other events of their group claims (one id order for all).
+KeptPlan lock_claim{
+    "SELECT 1 FROM throttle.event g"
+    " WHERE g.id IN (SELECT unnest($1)"
+    "                UNION"
+    "                SELECT x.id FROM throttle.event e"
+    "                JOIN throttle.event x"  // event_claimed_groups
+    "                  ON x.queue = e.queue AND x.group_key = e.group_key AND x.claim_token = $2"
+    "                 AND x.state = 'claimed' AND x.group_key IS NOT NULL"
+    "                WHERE e.id = ANY ($1) AND e.group_key IS NOT NULL AND e.claim_token = $2)"
+    "   AND g.state = 'claimed' AND g.claim_token = $2 AND throttle._acts_as(g.claimed_role)"
+    " ORDER BY g.id"
+    " FOR UPDATE OF g",
+    2,
+    {INT8ARRAYOID, INT8OID},
+    nullptr,
+    true};  // the generic plan of the UNION costs twice the custom one
+
+KeptPlan mark_done{
+    "UPDATE throttle.event e SET state = 'done', completed_at = $3,"
+    "       completed_by = e.claimed_by, lease_until = NULL"
+    " WHERE e.id = ANY ($1) AND upper(e.state) = 'CLAIMED' AND e.claim_token = $2"
+    "   AND throttle._acts_as(e.claimed_role)"
+    " RETURNING e.id, e.group_key IS NOT NULL",
+    3,
+    {INT8ARRAYOID, INT8OID, TIMESTAMPTZOID},
+    nullptr};
+
+KeptPlan release_groups{
+    "SELECT throttle._release_groups(array_agg(e)) FROM throttle.event e WHERE e.id = ANY ($1)",
+    1,
+    {INT8ARRAYOID},
+    nullptr};
+
+KeptPlan notify_successors{
+    "SELECT pg_notify(u.queue, u.id::text) FROM throttle.event u"  // event_pending_key
+    " WHERE (u.queue, u.item_key) IN (SELECT f.queue, f.item_key FROM throttle.event f"
+    "                                 WHERE f.id = ANY ($1))"
+    "   AND u.state = 'pending' AND u.run_at <= $2",
+    2,
+    {INT8ARRAYOID, TIMESTAMPTZOID},
+    nullptr};
+
+// (ids bigint[], token bigint) -> integer, how many were completed.
+Datum complete(FunctionCallInfo fcinfo) {
+    require_not_null(fcinfo, 0, "ids");
+    require_not_null(fcinfo, 1, "token");
+    registry_require();
+    const Datum ids = PG_GETARG_DATUM(0);
+    const Datum token = PG_GETARG_DATUM(1);
+
+    if (SPI_connect() != SPI_OK_CONNECT) {
+        elog(ERROR, "SPI_connect failed");
+    }
+    Datum lock_args[2] = {ids, token};
+    run_kept_plan(&any_grouped, lock_args, nullptr, SPI_OK_SELECT, 1);
+    bool is_null = false;
+    const bool may_be_grouped =
+        DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
+    run_kept_plan(may_be_grouped ? &lock_claim : &lock_events, lock_args, nullptr, SPI_OK_SELECT);
+    Datum done_args[3] = {ids, token, TimestampTzGetDatum(clock_now())};
+    run_kept_plan(&mark_done, done_args, nullptr, SPI_OK_UPDATE_RETURNING);
+    const uint64 completed = SPI_processed;
+    bool grouped = false;
+    for (uint64 i = 0; i < completed; ++i) {
+        grouped = grouped || DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i],
+                                                        SPI_tuptable->tupdesc, 2, &is_null));
+    }
+    if (completed > 0) {
+        uint64 count = 0;
+        Datum finished[1] = {PointerGetDatum(spi_ids(&count))};
+        if (grouped) {
+            run_kept_plan(&release_groups, finished, nullptr, SPI_OK_SELECT);
+        }
+        Datum notify_args[2] = {finished[0], TimestampTzGetDatum(clock_now())};
+        run_kept_plan(&notify_successors, notify_args, nullptr, SPI_OK_SELECT);
+    }
+    SPI_finish();
+    PG_RETURN_INT32(static_cast<int32>(completed));
+}
+
+}  // namespace
+}  // namespace pg_throttle::pg
+
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_complete, pg_throttle::pg::complete)

@@ -1,0 +1,59 @@
+#include "pg/queue/event_rows.hpp"
+
+extern "C" {
+#include "utils/array.h"
+#include "utils/lsyscache.h"
+}
+
+namespace pg_throttle::pg {
+
+ArrayType* spi_ids(uint64* count) {
+    const uint64 n = SPI_processed;
+    auto* ids = static_cast<Datum*>(palloc(sizeof(Datum) * (n == 0 ? 1 : n)));
+    for (uint64 i = 0; i < n; ++i) {
+        bool is_null = false;
+        ids[i] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &is_null);
+    }
+    *count = n;
+    return construct_array(ids, static_cast<int>(n), INT8OID, sizeof(int64), true, TYPALIGN_DOUBLE);
+}
+
+ArrayType* concat_ids(ArrayType* first, ArrayType* second) {
+    if (first == nullptr) {
+        return second;
+    }
+    if (second == nullptr) {
+        return first;
+    }
+    return DatumGetArrayTypeP(
+        DirectFunctionCall2(array_cat, PointerGetDatum(first), PointerGetDatum(second)));
+}
+
+void return_events(FunctionCallInfo fcinfo, const SPITupleTable* rows, uint64 count) {
+    // The tuplestore lives in the query's memory, past SPI_finish.
+    InitMaterializedSRF(fcinfo, 0);
+    auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+    const TupleDesc expected = rsinfo->setDesc;
+    const TupleDesc got = rows->tupdesc;
+    auto* values = static_cast<Datum*>(palloc(sizeof(Datum) * expected->natts));
+    auto* nulls = static_cast<bool*>(palloc(sizeof(bool) * expected->natts));
+    for (uint64 row = 0; row < count; ++row) {
+        // e.* has no dropped columns; the row type may have some (NULL there).
+        int column = 0;
+        for (int i = 0; i < expected->natts; ++i) {
+            if (TupleDescAttr(expected, i)->attisdropped) {
+                values[i] = 0;
+                nulls[i] = true;
+                continue;
+            }
+            if (column >= got->natts) {
+                elog(ERROR, "throttle.event row has fewer columns than its type");
+            }
+            ++column;
+            values[i] = SPI_getbinval(rows->vals[row], got, column, &nulls[i]);
+        }
+        tuplestore_putvalues(rsinfo->setResult, expected, values, nulls);
+    }
+}
+
+}  // namespace pg_throttle::pg

@@ -1,0 +1,21 @@
+// Rows of throttle.event in and out of the queue's native functions.
+#pragma once
+
+#include "pg/pg_headers.hpp"
+
+namespace pg_throttle::pg {
+
+// The ids in column 1 of SPI_tuptable as a bigint[] in the current memory
+// context, and how many there are in `count`.
+ArrayType* spi_ids(uint64* count);
+
+// Concatenation of two bigint[] (either may be nullptr: none).
+ArrayType* concat_ids(ArrayType* first, ArrayType* second);
+
+// Makes the SET-returning function's result (materialized) the first `count`
+// rows of `rows`, whole rows of throttle.event: the function returns SETOF
+// throttle.event and the statement returned e.*. Call inside SPI_connect,
+// before SPI_finish.
+void return_events(FunctionCallInfo fcinfo, const SPITupleTable* rows, uint64 count);
+
+}  // namespace pg_throttle::pg
