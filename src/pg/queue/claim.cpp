@@ -13,6 +13,11 @@
 //     item_key has a claimed run waits for it;
 //  3. one UPDATE marks them claimed (or dead, when their attempts are used
 //     up, or cancelled, an expired claim superseded by a newer run).
+//
+// The plans are generic and kept for the backend's life, so a statement that
+// finds rows by id tests the state as upper(state): the planner then always
+// takes the primary key, never a partial index on state, whose entries the
+// statistics of an idle moment may have counted as few.
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
 #include "pg/clock.hpp"
@@ -64,7 +69,7 @@ KeptPlan mark_pending_claimed{
     "  UPDATE throttle.event"
     "  SET state = 'claimed', claimed_at = $5, claimed_by = $2, lease_until = $5 + $3,"
     "      claim_token = $4, claimed_role = $6, attempts = attempts + 1"
-    "  WHERE id = ANY ($1) AND state = 'pending' AND attempts < max_attempts"
+    "  WHERE id = ANY ($1) AND upper(state) = 'PENDING' AND attempts < max_attempts"
     "  RETURNING *)"
     " SELECT * FROM claimed ORDER BY priority DESC, run_at, id",
     6,
@@ -75,7 +80,7 @@ KeptPlan mark_pending_claimed{
 KeptPlan mark_pending_dead{
     "UPDATE throttle.event SET state = 'dead', completed_at = $2, completed_by = claimed_by,"
     "       last_error = coalesce(last_error, 'lease expired ' || attempts || ' times')"
-    " WHERE id = ANY ($1) AND state = 'pending' AND attempts >= max_attempts",
+    " WHERE id = ANY ($1) AND upper(state) = 'PENDING' AND attempts >= max_attempts",
     2,
     {INT8ARRAYOID, TIMESTAMPTZOID},
     nullptr};

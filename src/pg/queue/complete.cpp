@@ -31,7 +31,7 @@ KeptPlan any_grouped{
 // Ungrouped events only: those of the claim, in id order.
 KeptPlan lock_events{
     "SELECT 1 FROM throttle.event g"
-    " WHERE g.id = ANY ($1) AND g.state = 'claimed' AND g.claim_token = $2"
+    " WHERE g.id = ANY ($1) AND upper(g.state) = 'CLAIMED' AND g.claim_token = $2"
     "   AND throttle._acts_as(g.claimed_role)"
     " ORDER BY g.id"
     " FOR UPDATE OF g",
