@@ -174,14 +174,6 @@ LANGUAGE C VOLATILE PARALLEL SAFE;
 COMMENT ON FUNCTION throttle._acts_as(oid) IS
     'Internal: whether the calling role has the privileges of role (a claim''s); NULL or a dropped role: superusers only.';
 
-CREATE FUNCTION throttle._claim_token()
-RETURNS bigint
-AS 'MODULE_PATHNAME', 'pg_throttle_claim_token'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION throttle._claim_token() IS
-    'Internal: a new claim token, greater than every token handed out before on this server, also across crashes.';
-REVOKE EXECUTE ON FUNCTION throttle._claim_token() FROM PUBLIC;
-
 CREATE FUNCTION throttle.schedule(queue text, item_key text, run_at timestamptz,
                                   payload jsonb DEFAULT '{}', group_key text DEFAULT NULL,
                                   max_attempts integer DEFAULT 5, priority integer DEFAULT 0,

@@ -1,7 +1,5 @@
-// throttle._claim_token(), for the queue's SQL functions.
 #include "pg/queue/claim_token.hpp"
 
-#include "pg/boundary.hpp"
 #include "pg/durability/fence.hpp"
 
 namespace pg_throttle::pg {
@@ -16,14 +14,4 @@ int64 new_claim_token() {
     }
 }
 
-namespace {
-
-// () -> a new token.
-Datum claim_token(FunctionCallInfo /*fcinfo*/) {
-    PG_RETURN_INT64(new_claim_token());
-}
-
-}  // namespace
 }  // namespace pg_throttle::pg
-
-PG_THROTTLE_SQL_FUNCTION(pg_throttle_claim_token, pg_throttle::pg::claim_token)

@@ -74,6 +74,10 @@ KeptPlan release_groups{
     {INT8ARRAYOID},
     nullptr};
 
+// throttle._notify_successors's statement, by id. complete runs these
+// statements itself instead of calling the PL/pgSQL helpers that fail and
+// extend call: each helper call cost more than its statement (claim +
+// complete ran at 1 950 rather than 3 000 jobs/s through them).
 KeptPlan notify_successors{
     "SELECT pg_notify(u.queue, u.id::text) FROM throttle.event u"  // event_pending_key
     " WHERE (u.queue, u.item_key) IN (SELECT f.queue, f.item_key FROM throttle.event f"
@@ -94,13 +98,14 @@ Datum complete(FunctionCallInfo fcinfo) {
     if (SPI_connect() != SPI_OK_CONNECT) {
         elog(ERROR, "SPI_connect failed");
     }
+    const Datum now = TimestampTzGetDatum(clock_now());
     Datum lock_args[2] = {ids, token};
     run_kept_plan(&any_grouped, lock_args, nullptr, SPI_OK_SELECT, 1);
     bool is_null = false;
     const bool may_be_grouped =
         DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
     run_kept_plan(may_be_grouped ? &lock_claim : &lock_events, lock_args, nullptr, SPI_OK_SELECT);
-    Datum done_args[3] = {ids, token, TimestampTzGetDatum(clock_now())};
+    Datum done_args[3] = {ids, token, now};
     run_kept_plan(&mark_done, done_args, nullptr, SPI_OK_UPDATE_RETURNING);
     const uint64 completed = SPI_processed;
     bool grouped = false;
@@ -114,7 +119,7 @@ Datum complete(FunctionCallInfo fcinfo) {
         if (grouped) {
             run_kept_plan(&release_groups, finished, nullptr, SPI_OK_SELECT);
         }
-        Datum notify_args[2] = {finished[0], TimestampTzGetDatum(clock_now())};
+        Datum notify_args[2] = {finished[0], now};
         run_kept_plan(&notify_successors, notify_args, nullptr, SPI_OK_SELECT);
     }
     SPI_finish();
