@@ -164,3 +164,16 @@ SELECT * FROM throttle.retry(NULL::bigint[]);
 SELECT throttle.retry(NULL::bigint);
 SELECT throttle.release_group('q', NULL);
 RESET pg_throttle.test_clock;
+-- A claim is a promise: its transaction commits durably (synchronous_commit
+-- on) whatever the session says, and only that transaction.
+SET synchronous_commit = off;
+SELECT throttle.schedule('durable', 'd1', now() - interval '1 minute') > 0 AS scheduled;
+BEGIN;
+SELECT count(*) AS nothing_claimed FROM throttle.claim('durable.none', 'w');
+SHOW synchronous_commit;
+SELECT count(*) AS claimed FROM throttle.claim('durable', 'w');
+SHOW synchronous_commit;
+COMMIT;
+SHOW synchronous_commit;
+RESET synchronous_commit;
+DELETE FROM throttle.event WHERE queue = 'durable';

@@ -174,6 +174,14 @@ LANGUAGE C VOLATILE PARALLEL SAFE;
 COMMENT ON FUNCTION throttle._acts_as(oid) IS
     'Internal: whether the calling role has the privileges of role (a claim''s); NULL or a dropped role: superusers only.';
 
+CREATE FUNCTION throttle._durable_commit()
+RETURNS void
+AS 'MODULE_PATHNAME', 'pg_throttle_durable_commit'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle._durable_commit() IS
+    'Internal: makes the calling transaction''s commit wait for its flush (and the synchronous standbys), whatever synchronous_commit says: a claim or an extended lease is a promise.';
+REVOKE EXECUTE ON FUNCTION throttle._durable_commit() FROM PUBLIC;
+
 CREATE FUNCTION throttle.schedule(queue text, item_key text, run_at timestamptz,
                                   payload jsonb DEFAULT '{}', group_key text DEFAULT NULL,
                                   max_attempts integer DEFAULT 5, priority integer DEFAULT 0,
@@ -433,6 +441,7 @@ BEGIN
                 RETURN QUERY SELECT * FROM throttle._claim_one_group(queue, candidate.group_key, worker,
                                                                     lease, now);
                 IF FOUND THEN
+                    PERFORM throttle._durable_commit();
                     RETURN;
                 END IF;
             END LOOP;
@@ -609,6 +618,9 @@ BEGIN
     WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
       AND e.lease_until > now AND throttle._acts_as(e.claimed_role);
     GET DIAGNOSTICS extended = ROW_COUNT;
+    IF extended > 0 THEN
+        PERFORM throttle._durable_commit();
+    END IF;
     FOR g IN SELECT DISTINCT e.queue, e.group_key FROM throttle.event e
              WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
                AND e.lease_until = now + lease  -- extended just now

@@ -74,6 +74,61 @@ def check_groups(tap, conn, w1, after):
     execute(conn, "DELETE FROM throttle.event WHERE queue = 'cq'")
 
 
+def unsynced_setup(conn):
+    """Queue 'ca': an event and a group of two to be claimed with
+    synchronous_commit off just before the fault; queue 'cb': an event
+    claimed now for 3 seconds, to be extended then. The WAL writer waits 10 s
+    between its flushes meanwhile, so that only the claims' own commits can
+    have put them on disk."""
+    execute(conn, "ALTER SYSTEM SET wal_writer_delay = '10s'")
+    one(conn, "SELECT pg_reload_conf()")
+    one(conn, "SELECT throttle.schedule('ca', 'a1', now() - interval '1 minute')")
+    for key in ("a2", "a3"):
+        one(conn, "SELECT throttle.schedule('ca', %s, now() - interval '1 minute', group_key => 'ga')",
+            (key,))
+    one(conn, "SELECT throttle.schedule('cb', 'b1', now() - interval '1 minute')")
+    short = one(conn, "SELECT array_agg(id), min(claim_token) FROM throttle.claim('cb', 'wb', '3 seconds')")
+    return {"short": short, "short_at": time.monotonic()}
+
+
+def unsynced_claims(setup):
+    """claim, claim_group and extend from a session with synchronous_commit
+    off, right before the fault: each is a promise, so each commit must be
+    durable anyway."""
+    session = connect()
+    execute(session, "SET synchronous_commit = off")
+    setup["claim"] = one(session, "SELECT array_agg(id), min(claim_token) "
+                                  "FROM throttle.claim('ca', 'wa', '10 minutes')")
+    setup["group"] = one(session, "SELECT array_agg(id), min(claim_token) "
+                                  "FROM throttle.claim_group('ca', 'wa', '10 minutes')")
+    setup["extended"] = one(session, "SELECT throttle.extend(%s, %s, '10 minutes')",
+                            setup["short"])[0]
+    session.close()
+
+
+def check_unsynced(tap, conn, setup, after):
+    time.sleep(max(0.0, setup["short_at"] + 4 - time.monotonic()))  # the 3 s lease is over
+    others = [one(conn, sql)[0] for sql in (
+        "SELECT count(*) FROM throttle.claim('ca', 'wx', '1 minute', 10)",
+        "SELECT count(*) FROM throttle.claim_group('ca', 'wx', '1 minute')",
+        "SELECT count(*) FROM throttle.claim('cb', 'wx', '1 minute', 10)")]
+    again = [one(conn, "SELECT count(*) FROM throttle.claim('ca', 'wy', '1 minute', 10)")[0],
+             one(conn, "SELECT count(*) FROM throttle.claim_group('ca', 'wy', '1 minute')")[0],
+             one(conn, "SELECT count(*) FROM throttle.claim('cb', 'wy', '1 minute', 10)")[0]]
+    tap.ok(setup["extended"] == 1 and others == [0, 0, 0] and again == [0, 0, 0],
+           f"after {after}, claims and an extend made with synchronous_commit off still hold "
+           "(no other worker gets their events, twice)", repr((setup["extended"], others, again)))
+    tap.is_(one(conn, "SELECT throttle.complete(%s, %s)", setup["claim"])[0], 1,
+            f"after {after}, the worker of the unsynced claim completes it")
+    tap.is_(one(conn, "SELECT throttle.complete(%s, %s)", setup["group"])[0], 2,
+            f"after {after}, the worker of the unsynced group claim completes it")
+    tap.is_(one(conn, "SELECT throttle.complete(%s, %s)", setup["short"])[0], 1,
+            f"after {after}, the worker whose lease was extended completes its event")
+    execute(conn, "ALTER SYSTEM RESET wal_writer_delay")
+    one(conn, "SELECT pg_reload_conf()")
+    execute(conn, "DELETE FROM throttle.event WHERE queue IN ('ca', 'cb')")
+
+
 def backend_killed(tap, conn, data_dir, checkpoint):
     # The background worker's checkpoint, every second for this part.
     execute(conn, "ALTER SYSTEM SET pg_throttle.checkpoint_interval = '1s'")
@@ -93,7 +148,9 @@ def backend_killed(tap, conn, data_dir, checkpoint):
     before = grant_before(tap, conn, holder, "cr")
     # Crash recovery replays WAL only from the last checkpoint on: the lease
     # was granted before it, so only the lease journal can bring it back.
+    unsynced = unsynced_setup(conn)
     execute(conn, "CHECKPOINT")
+    unsynced_claims(unsynced)
     kill_backend(conn)
     holder.close()
     conn = reconnect()
@@ -113,6 +170,7 @@ def backend_killed(tap, conn, data_dir, checkpoint):
     tap.ok("leases from its lease journal" in server_log(),
            "the log says the lease came back from the journal")
     check_groups(tap, conn, w1, "a backend crash")
+    check_unsynced(tap, conn, unsynced, "a backend crash")
     conn.close()
 
 
@@ -131,6 +189,8 @@ def postmaster_killed(tap, conn, data_dir, checkpoint):
     # A renew made before the crash is what comes back.
     one(conn, "SELECT throttle.renew('pm.lease', %s, '25 seconds')", (before["lease"],))
     before["expires"] = one(conn, "SELECT expires_at FROM throttle.locks WHERE name = 'pm.lease'")[0]
+    unsynced = unsynced_setup(conn)
+    unsynced_claims(unsynced)
     conn.close()
     kill_postmaster(data_dir)
     holder.close()
@@ -144,6 +204,7 @@ def postmaster_killed(tap, conn, data_dir, checkpoint):
     tap.ok(after_reset is None or after_reset >= regranted,
            "and not from the checkpoint taken before the reset", repr((after_reset, regranted)))
     check_groups(tap, conn, w1, "a postmaster kill")
+    check_unsynced(tap, conn, unsynced, "a postmaster kill")
     conn.close()
 
 
@@ -164,8 +225,8 @@ def damaged_checkpoint(tap, conn, data_dir, checkpoint):
 
 # Each fault runs on a fresh cluster: the crash rule one leaves in force (for
 # good: it outlives clean restarts) would deny the grants the next makes first.
-PHASES = {"backend": (backend_killed, CHECKS_PER_FAULT + 10),
-          "postmaster": (postmaster_killed, CHECKS_PER_FAULT + 8),
+PHASES = {"backend": (backend_killed, CHECKS_PER_FAULT + 14),
+          "postmaster": (postmaster_killed, CHECKS_PER_FAULT + 12),
           "damaged-checkpoint": (damaged_checkpoint, 4)}
 
 

@@ -12,7 +12,8 @@
 //     priority looked up only while the claim wants more; an event whose
 //     item_key has a claimed run waits for it;
 //  3. one UPDATE marks them claimed (or dead, when their attempts are used
-//     up, or cancelled, an expired claim superseded by a newer run).
+//     up, or cancelled, an expired claim superseded by a newer run), in a
+//     transaction whose commit is durable (durable_commit.hpp).
 //
 // The plans are generic and kept for the backend's life, so a statement that
 // finds rows by id tests the state as upper(state): the planner then always
@@ -23,6 +24,7 @@
 #include "pg/clock.hpp"
 #include "pg/kept_plan.hpp"
 #include "pg/queue/claim_token.hpp"
+#include "pg/queue/durable_commit.hpp"
 #include "pg/queue/event_rows.hpp"
 #include "pg/registry.hpp"
 
@@ -162,6 +164,7 @@ Datum claim(FunctionCallInfo fcinfo) {
         return static_cast<Datum>(0);
     }
     const int64 token = new_claim_token();
+    require_durable_commit();
     if (expired_count > 0) {
         Datum args[5] = {PointerGetDatum(ids), PG_GETARG_DATUM(1), PG_GETARG_DATUM(2),
                          Int64GetDatum(token), now};

@@ -73,6 +73,14 @@ LANGUAGE C VOLATILE PARALLEL SAFE;
 COMMENT ON FUNCTION throttle._acts_as(oid) IS
     'Internal: whether the calling role has the privileges of role (a claim''s); NULL or a dropped role: superusers only.';
 
+CREATE FUNCTION throttle._durable_commit()
+RETURNS void
+AS 'MODULE_PATHNAME', 'pg_throttle_durable_commit'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle._durable_commit() IS
+    'Internal: makes the calling transaction''s commit wait for its flush (and the synchronous standbys), whatever synchronous_commit says: a claim or an extended lease is a promise.';
+REVOKE EXECUTE ON FUNCTION throttle._durable_commit() FROM PUBLIC;
+
 CREATE FUNCTION throttle.schedule(queue text, item_key text, run_at timestamptz,
                                   payload jsonb DEFAULT '{}', group_key text DEFAULT NULL,
                                   max_attempts integer DEFAULT 5, priority integer DEFAULT 0,
@@ -258,6 +266,9 @@ BEGIN
     WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
       AND e.lease_until > now AND throttle._acts_as(e.claimed_role);
     GET DIAGNOSTICS extended = ROW_COUNT;
+    IF extended > 0 THEN
+        PERFORM throttle._durable_commit();
+    END IF;
     FOR g IN SELECT DISTINCT e.queue, e.group_key FROM throttle.event e
              WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
                AND e.lease_until = now + lease  -- extended just now
@@ -540,6 +551,64 @@ END
 $$;
 COMMENT ON FUNCTION throttle._claim_one_group(text, text, text, interval, timestamptz) IS
     'Internal: takes the group''s lease and claims its due events, or nothing when the group is held.';
+
+CREATE OR REPLACE FUNCTION throttle.claim_group(queue text, worker text, lease interval DEFAULT '5 minutes')
+RETURNS SETOF throttle.event
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    now timestamptz := throttle.now();
+    candidate record;
+    tried text[] := '{}';
+    after_at timestamptz;
+    after_id bigint;
+    seen boolean;
+BEGIN
+    PERFORM throttle._require(queue, 'queue'), throttle._require(worker, 'worker');
+    PERFORM throttle._positive(lease, 'lease');
+    -- Groups left behind by a worker whose lease expired, then groups with
+    -- due events, oldest first, read in batches along an index (keyset), so a
+    -- call reads only as far as the first free group. A group held by
+    -- another worker costs one shared-memory lookup to skip.
+    FOR pass IN 1 .. 2 LOOP
+        after_at := '-infinity';
+        after_id := 0;
+        LOOP
+            seen := false;
+            FOR candidate IN
+                SELECT e.group_key, e.at, e.id FROM (
+                    SELECT e.group_key, e.lease_until AS at, e.id FROM throttle.event e
+                    WHERE pass = 1 AND e.queue = claim_group.queue AND e.state = 'claimed'
+                      AND e.group_key IS NOT NULL AND e.lease_until <= now
+                      AND (e.lease_until, e.id) > (after_at, after_id)
+                    ORDER BY e.lease_until, e.id LIMIT 64) AS e
+                UNION ALL
+                SELECT e.group_key, e.at, e.id FROM (
+                    SELECT e.group_key, e.run_at AS at, e.id FROM throttle.event e
+                    WHERE pass = 2 AND e.queue = claim_group.queue AND e.state = 'pending'
+                      AND e.group_key IS NOT NULL AND e.run_at <= now
+                      AND (e.run_at, e.id) > (after_at, after_id)
+                    ORDER BY e.run_at, e.id LIMIT 64) AS e
+            LOOP
+                seen := true;
+                after_at := candidate.at;
+                after_id := candidate.id;
+                CONTINUE WHEN candidate.group_key = ANY (tried);
+                tried := tried || candidate.group_key;
+                RETURN QUERY SELECT * FROM throttle._claim_one_group(queue, candidate.group_key, worker,
+                                                                    lease, now);
+                IF FOUND THEN
+                    PERFORM throttle._durable_commit();
+                    RETURN;
+                END IF;
+            END LOOP;
+            EXIT WHEN NOT seen;
+        END LOOP;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION throttle.claim_group(text, text, interval) IS
+    'Claims every due event of one group of the queue for worker until lease. While the lease holds no other worker gets any event of that group, including events that become due meanwhile. Returns no rows when no group is free.';
 
 CREATE OR REPLACE FUNCTION throttle._release_groups(finished throttle.event[])
 RETURNS void

@@ -1,0 +1,29 @@
+// require_durable_commit(), and throttle._durable_commit() for the queue's
+// PL/pgSQL functions (claim_group, extend).
+#include "pg/queue/durable_commit.hpp"
+
+#include "pg/boundary.hpp"
+
+namespace pg_throttle::pg {
+
+void require_durable_commit() {
+    if (synchronous_commit < SYNCHRONOUS_COMMIT_REMOTE_FLUSH) {
+        // A local setting: it lasts until the transaction ends, past the
+        // SECURITY DEFINER function's own SET clause (which is search_path).
+        (void)set_config_option("synchronous_commit", "on", PGC_USERSET, PGC_S_SESSION,
+                                GUC_ACTION_LOCAL, true, 0, false);
+    }
+}
+
+namespace {
+
+// () -> void
+Datum durable_commit(FunctionCallInfo /*fcinfo*/) {
+    require_durable_commit();
+    PG_RETURN_VOID();
+}
+
+}  // namespace
+}  // namespace pg_throttle::pg
+
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_durable_commit, pg_throttle::pg::durable_commit)

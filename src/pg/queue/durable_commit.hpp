@@ -1,0 +1,14 @@
+// A claim, and a lease that extend lengthens, is a promise that no other
+// worker gets the events before the lease ends: the commit that makes it
+// must be on disk (and on the synchronous standbys) before the worker acts
+// on it, whatever the session's synchronous_commit says.
+#pragma once
+
+namespace pg_throttle::pg {
+
+// Raises synchronous_commit to on (remote flush) for the rest of the calling
+// transaction when it is lower (off, local, remote_write); a higher setting
+// (remote_apply) stays.
+void require_durable_commit();
+
+}  // namespace pg_throttle::pg
