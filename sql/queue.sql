@@ -177,3 +177,56 @@ COMMIT;
 SHOW synchronous_commit;
 RESET synchronous_commit;
 DELETE FROM throttle.event WHERE queue = 'durable';
+
+SET pg_throttle.test_clock = '2031-06-01 15:00:00+00';
+-- schedule_many: a batch of schedule calls in one statement, as if they ran
+-- one after the other. An item_key named twice is one event: the first
+-- call's group_key, the last call's run_at and payload (replace).
+SELECT throttle.schedule_many('many', ARRAY['a', 'b', 'a', 'c'],
+       ARRAY['2031-06-01 13:00:00+00', '2031-06-01 16:00:00+00', '2031-06-01 12:00:00+00',
+             '2031-06-01 14:30:00+00']::timestamptz[],
+       ARRAY['{"n": 1}', '{"n": 2}', '{"n": 3}', '{"n": 4}']::jsonb[],
+       ARRAY['g1', NULL, 'g2', NULL], max_attempts => 2, priority => 4) AS many_ids \gset
+SELECT (:'many_ids'::bigint[])[1] = (:'many_ids'::bigint[])[3] AS a_once,
+       cardinality(:'many_ids'::bigint[]) AS ids;
+SELECT item_key, group_key, payload, run_at, max_attempts, priority, state, enqueued_by
+FROM throttle.event WHERE queue = 'many' ORDER BY item_key;
+-- keep_earlier: the earliest run_at of the pending event and the batch, the last payload.
+SELECT throttle.schedule_many('many', ARRAY['a', 'b', 'b', 'd'],
+       ARRAY['2031-06-01 11:00:00+00', '2031-06-01 17:00:00+00', '2031-06-01 15:00:00+00',
+             '2031-06-01 18:00:00+00']::timestamptz[],
+       ARRAY['{"n": 5}', '{"n": 6}', '{"n": 7}', '{"n": 8}']::jsonb[],
+       on_duplicate => 'keep_earlier') AS ids \gset
+SELECT (:'ids'::bigint[])[1:3] = ARRAY[(:'many_ids'::bigint[])[1], (:'many_ids'::bigint[])[2], (:'many_ids'::bigint[])[2]]
+           AS same_ids,
+       (:'ids'::bigint[])[4] = (SELECT id FROM throttle.event WHERE queue = 'many' AND item_key = 'd') AS new_id;
+SELECT item_key, payload, run_at FROM throttle.event WHERE queue = 'many' ORDER BY item_key;
+-- ignore: pending events stay as they are; a new key takes its first mention.
+SELECT cardinality(throttle.schedule_many('many', ARRAY['c', 'e', 'e'],
+       ARRAY['2031-06-01 10:00:00+00', '2031-06-01 19:00:00+00', '2031-06-01 09:00:00+00']::timestamptz[],
+       ARRAY['{"n": 9}', '{"n": 10}', '{"n": 11}']::jsonb[], on_duplicate => 'ignore')) AS ids;
+SELECT item_key, payload, run_at FROM throttle.event WHERE queue = 'many' ORDER BY item_key;
+-- The event of a claimed item_key is left alone: a new run waits behind it.
+SELECT item_key, claimed_by FROM throttle.claim('many', 'w-many', max => 1);
+SELECT throttle.schedule_many('many', ARRAY['c'], ARRAY['2031-06-01 12:00:00+00']::timestamptz[],
+                              ARRAY['{"n": 12}']::jsonb[]) <> ARRAY[(:'many_ids'::bigint[])[4]] AS a_new_run;
+SELECT item_key, state, payload FROM throttle.event WHERE queue = 'many' AND item_key = 'c' ORDER BY id;
+-- Arguments: one element per item_key, no NULL keys, times or payloads,
+-- keys as schedule takes them; an empty batch schedules nothing.
+SELECT throttle.schedule_many('many', '{}', '{}') AS nothing;
+SELECT throttle.schedule_many('many', ARRAY['x', 'y'], ARRAY['2031-06-01 12:00:00+00']::timestamptz[]);
+SELECT throttle.schedule_many('many', ARRAY['x'], ARRAY['2031-06-01 12:00:00+00']::timestamptz[], group_keys => ARRAY['g', 'h']);
+SELECT throttle.schedule_many('many', ARRAY['x', NULL], ARRAY['2031-06-01 12:00:00+00', '2031-06-01 12:00:00+00']::timestamptz[]);
+SELECT throttle.schedule_many('many', ARRAY['x', 'y'], ARRAY['2031-06-01 12:00:00+00', NULL]::timestamptz[]);
+SELECT throttle.schedule_many('many', ARRAY['x'], ARRAY['2031-06-01 12:00:00+00']::timestamptz[], ARRAY[NULL]::jsonb[]);
+SELECT throttle.schedule_many('many', ARRAY['x', ''], ARRAY['2031-06-01 12:00:00+00', '2031-06-01 12:00:00+00']::timestamptz[]);
+SELECT throttle.schedule_many('many', ARRAY[repeat('k', 1025)], ARRAY['2031-06-01 12:00:00+00']::timestamptz[]);
+SELECT throttle.schedule_many('many', ARRAY['x'], ARRAY['2031-06-01 12:00:00+00']::timestamptz[], group_keys => ARRAY[repeat('g', 1025)]);
+SELECT throttle.schedule_many('many', ARRAY[['x', 'y'], ['z', 'w']], ARRAY[['2031-06-01 12:00:00+00', '2031-06-01 12:00:00+00'], ['2031-06-01 12:00:00+00', '2031-06-01 12:00:00+00']]::timestamptz[]);
+SELECT throttle.schedule_many('many', ARRAY['x'], ARRAY['2031-06-01 12:00:00+00']::timestamptz[], on_duplicate => 'newest');
+SELECT throttle.schedule_many('many', ARRAY['x'], ARRAY['2031-06-01 12:00:00+00']::timestamptz[], max_attempts => 0);
+SELECT throttle.schedule_many('', ARRAY['x'], ARRAY['2031-06-01 12:00:00+00']::timestamptz[]);
+SELECT throttle.schedule_many('many', NULL, ARRAY['2031-06-01 12:00:00+00']::timestamptz[]);
+SELECT count(*) AS nothing_scheduled_by_errors FROM throttle.event WHERE queue = 'many' AND item_key IN ('x', 'y', 'z', 'w');
+RESET pg_throttle.test_clock;
+DELETE FROM throttle.event WHERE queue = 'many';

@@ -281,6 +281,13 @@ const enqueue = {
         await q("SELECT count(throttle.schedule('nq.enqueue', k, now())) FROM unnest($1::text[]) AS k", [keys]);
       }
     }),
+  throttleMany: () =>
+    timed(async () => {
+      for (const [i, n] of chunks(JOBS, 1000).entries()) {
+        const keys = Array.from({ length: n }, (_, k) => `m${i * 1000 + k}`);
+        await q("SELECT cardinality(throttle.schedule_many('nq.enqueue', $1::text[], array_fill(now(), ARRAY[$2::int])))", [keys, n]);
+      }
+    }),
   insertOne: () =>
     timed(async () => {
       for (let i = 0; i < JOBS; i++) {
@@ -342,6 +349,7 @@ const runs = [
   ["groups, one worker per group", "pg-boss 12, group + groupConcurrency 1", () => fill.boss("nqg", true), () => drain.boss("nqg", { batchSize: 1, groupConcurrency: 1 })],
   ["enqueue, one connection", "throttle.schedule, one call per job", clearEnqueued, enqueue.throttleOne],
   ["enqueue, one connection", "throttle.schedule over unnest, 1 000 per statement", clearEnqueued, enqueue.throttleBatch],
+  ["enqueue, one connection", "throttle.schedule_many, 1 000 per call", clearEnqueued, enqueue.throttleMany],
   ["enqueue, one connection", "plain INSERT, one per job", clearEnqueued, enqueue.insertOne],
   ["enqueue, one connection", "plain INSERT, 1 000 rows per statement", clearEnqueued, enqueue.insertBatch],
   ["enqueue, one connection", "graphile-worker addJob", clearEnqueued, enqueue.graphileOne],

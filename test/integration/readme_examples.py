@@ -52,7 +52,7 @@ def blocks(readme):
         if lines[i].strip() == "```sql":
             previous = next((l for l in reversed(lines[:i]) if l.strip()), "")
             match = ANNOTATION.search(previous)
-            end = lines.index("```", i + 1)
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
             found.append(Block(i + 1, lines[i + 1:end], match and match.group(1),
                                match and match.group(2)))
             i = end

@@ -1,11 +1,12 @@
 -- The event queue: signatures, error codes, privileges, index use.
 BEGIN;
-SELECT plan(28);
+SELECT plan(32);
 SET LOCAL pg_throttle.test_clock = '2038-01-01 00:00:00+00';
 
 SELECT has_table('throttle', 'event', 'catalog table throttle.event');
 SELECT has_function('throttle', 'schedule', ARRAY['text', 'text', 'timestamp with time zone', 'jsonb', 'text', 'integer', 'integer', 'text']);
 SELECT function_returns('throttle', 'schedule', ARRAY['text', 'text', 'timestamp with time zone', 'jsonb', 'text', 'integer', 'integer', 'text'], 'bigint');
+SELECT function_returns('throttle', 'schedule_many', ARRAY['text', 'text[]', 'timestamp with time zone[]', 'jsonb[]', 'text[]', 'integer', 'integer', 'text'], 'bigint[]');
 SELECT has_function('throttle', 'cancel', ARRAY['text', 'text']);
 SELECT has_function('throttle', 'reschedule', ARRAY['text', 'text', 'timestamp with time zone']);
 SELECT function_returns('throttle', 'claim', ARRAY['text', 'text', 'interval', 'integer'], 'setof throttle.event');
@@ -24,6 +25,10 @@ SELECT function_returns('throttle', 'release_group', ARRAY['text', 'text'], 'int
 SELECT throws_ok($$SELECT throttle.schedule(NULL, 'k', now())$$, '22004', 'queue must not be NULL', 'NULL queue: 22004');
 SELECT throws_ok($$SELECT throttle.schedule('q', 'k', now(), max_attempts => 0)$$, '22023', 'max_attempts must be positive', 'max_attempts 0: 22023');
 SELECT throws_ok($$SELECT throttle.schedule(repeat('q', 64), 'k', now())$$, '22023', 'queue name must have 1 to 63 bytes', 'long queue: 22023');
+SELECT throws_ok($$SELECT throttle.schedule_many('q', ARRAY['a', NULL], ARRAY[now(), now()])$$, '22004', 'item_keys[2] must not be NULL', 'schedule_many, a NULL key: 22004');
+SELECT throws_ok($$SELECT throttle.schedule_many('q', ARRAY['a', 'b'], ARRAY[now()])$$, '22023', 'run_at, payloads and group_keys must have one element per item_key', 'schedule_many, arrays of other lengths: 22023');
+SELECT ok(has_function_privilege('public', 'throttle.schedule_many(text, text[], timestamp with time zone[], jsonb[], text[], integer, integer, text)', 'EXECUTE'),
+    'everyone may schedule a batch, as everyone may schedule');
 SELECT throws_ok($$SELECT * FROM throttle.claim('q', 'w', '0')$$, '22023', 'lease must be a positive interval', 'lease 0: 22023');
 SELECT throws_ok($$SELECT * FROM throttle.claim_group('q', NULL)$$, '22004', 'worker must not be NULL', 'NULL worker: 22004');
 SELECT ok(NOT has_table_privilege('public', 'throttle.event', 'INSERT')

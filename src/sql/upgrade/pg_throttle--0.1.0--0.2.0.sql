@@ -139,6 +139,135 @@ $$;
 COMMENT ON FUNCTION throttle.schedule(text, text, timestamptz, jsonb, text, integer, integer, text) IS
     'Schedules an event, or, when item_key names a pending event of the queue, updates it as on_duplicate says (replace: run_at, payload and priority; keep_earlier: the same but the earlier run_at; ignore: nothing); returns its id. When the event of item_key is claimed it is left alone and a new event is scheduled, which no worker gets before the claimed one ends. NOTIFYs the channel named after the queue when the event is due.';
 
+CREATE FUNCTION throttle.schedule_many(queue text, item_keys text[], run_at timestamptz[],
+                                       payloads jsonb[] DEFAULT NULL, group_keys text[] DEFAULT NULL,
+                                       max_attempts integer DEFAULT 5, priority integer DEFAULT 0,
+                                       on_duplicate text DEFAULT 'replace')
+RETURNS bigint[]
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    now timestamptz := throttle.now();
+    caller text := throttle._caller();
+    n integer := cardinality(item_keys);
+    problem text;
+    ids bigint[];
+    due bigint[];
+BEGIN
+    PERFORM throttle._require(queue, 'queue'), throttle._require(item_keys, 'item_keys'),
+            throttle._require(run_at, 'run_at'), throttle._require(max_attempts, 'max_attempts'),
+            throttle._require(priority, 'priority'), throttle._require(on_duplicate, 'on_duplicate');
+    IF on_duplicate NOT IN ('replace', 'keep_earlier', 'ignore') THEN
+        RAISE EXCEPTION 'on_duplicate must be replace, keep_earlier or ignore'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_attempts <= 0 THEN
+        RAISE EXCEPTION 'max_attempts must be positive' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF queue = '' OR octet_length(queue) > 63 THEN
+        RAISE EXCEPTION 'queue name must have 1 to 63 bytes' USING ERRCODE = 'invalid_parameter_value',
+              DETAIL = 'The queue name is also the NOTIFY channel that workers LISTEN on.';
+    END IF;
+    IF coalesce(array_ndims(item_keys), 1) <> 1 OR coalesce(array_ndims(run_at), 1) <> 1
+       OR coalesce(array_ndims(payloads), 1) <> 1 OR coalesce(array_ndims(group_keys), 1) <> 1 THEN
+        RAISE EXCEPTION 'item_keys, run_at, payloads and group_keys must be one-dimensional arrays'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF cardinality(run_at) <> n OR cardinality(payloads) <> n OR cardinality(group_keys) <> n THEN
+        RAISE EXCEPTION 'run_at, payloads and group_keys must have one element per item_key'
+              USING ERRCODE = 'invalid_parameter_value',
+                    DETAIL = format('%s item_keys, %s run_at, %s payloads, %s group_keys', n,
+                                    cardinality(run_at), coalesce(cardinality(payloads)::text, 'no'),
+                                    coalesce(cardinality(group_keys)::text, 'no'));
+    END IF;
+    IF n = 0 THEN
+        RETURN '{}';
+    END IF;
+    -- Every element checked as schedule checks its arguments; the first
+    -- problem, in the order of item_keys, is the error.
+    SELECT CASE WHEN b.k IS NULL THEN 'item_keys[' || b.ord || '] must not be NULL'
+                WHEN b.r IS NULL THEN 'run_at[' || b.ord || '] must not be NULL'
+                WHEN b.p IS NULL AND payloads IS NOT NULL THEN 'payloads[' || b.ord || '] must not be NULL'
+                WHEN b.k = '' THEN 'item_keys[' || b.ord || '] must not be empty'
+                WHEN octet_length(b.k) > 1024 THEN 'item_keys[' || b.ord || '] must have at most 1024 bytes'
+                ELSE 'group_keys[' || b.ord || '] must have at most 1024 bytes' END
+    INTO problem
+    FROM unnest(item_keys, run_at, payloads, group_keys) WITH ORDINALITY AS b(k, r, p, g, ord)
+    WHERE b.k IS NULL OR b.r IS NULL OR (b.p IS NULL AND payloads IS NOT NULL) OR b.k = ''
+       OR octet_length(b.k) > 1024 OR octet_length(b.g) > 1024
+    ORDER BY b.ord LIMIT 1;
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', problem
+              USING ERRCODE = CASE WHEN problem LIKE '%NULL' THEN 'null_value_not_allowed'
+                                   ELSE 'invalid_parameter_value' END;
+    END IF;
+    -- Distinct item_keys, tried first as new events (the common case): a
+    -- plain INSERT costs less than ON CONFLICT's speculative one, and less
+    -- than looking the keys up first. When one of them has a pending event
+    -- it raises unique_violation, and the general statement below runs.
+    IF (SELECT count(DISTINCT k COLLATE "C") FROM unnest(item_keys) AS k) = n THEN
+        BEGIN
+            WITH batch AS (
+                SELECT b.k AS item_key, b.r AS run_at, coalesce(b.p, '{}') AS payload, b.g AS group_key,
+                       b.ord
+                FROM unnest(item_keys, run_at, payloads, group_keys) WITH ORDINALITY AS b(k, r, p, g, ord)),
+            scheduled AS (
+                INSERT INTO throttle.event AS e (queue, item_key, group_key, payload, run_at, max_attempts,
+                                                 enqueued_at, enqueued_by, priority)
+                SELECT queue, b.item_key, b.group_key, b.payload, b.run_at, max_attempts, now, caller,
+                       priority
+                FROM batch b ORDER BY b.item_key COLLATE "C"
+                RETURNING e.id, e.item_key, e.run_at)
+            SELECT (SELECT array_agg(s.id ORDER BY b.ord) FROM batch b JOIN scheduled s USING (item_key)),
+                   (SELECT array_agg(s.id ORDER BY s.id) FROM scheduled s WHERE s.run_at <= now)
+            INTO ids, due;
+            PERFORM pg_notify(queue, d::text) FROM unnest(due) AS d;
+            RETURN ids;
+        EXCEPTION WHEN unique_violation THEN
+            NULL;  -- one of the item_keys has a pending event
+        END;
+    END IF;
+    -- An item_key named more than once ends as its calls one after the
+    -- other would leave it: the first call's group_key; the last call's
+    -- payload and run_at (replace), the last payload and the earliest run_at
+    -- (keep_earlier), or the first call's (ignore). Rows go in in one order
+    -- of item_key (bytewise), in both statements, so that two batches never
+    -- wait for each other in a circle.
+    WITH batch AS (
+        SELECT b.k AS item_key, b.r AS run_at, coalesce(b.p, '{}') AS payload, b.g AS group_key, b.ord
+        FROM unnest(item_keys, run_at, payloads, group_keys) WITH ORDINALITY AS b(k, r, p, g, ord)),
+    folded AS (
+        SELECT b.item_key,
+               (array_agg(b.group_key ORDER BY b.ord))[1] AS group_key,
+               CASE on_duplicate
+                   WHEN 'replace' THEN (array_agg(b.run_at ORDER BY b.ord DESC))[1]
+                   WHEN 'keep_earlier' THEN min(b.run_at)
+                   ELSE (array_agg(b.run_at ORDER BY b.ord))[1] END AS run_at,
+               (array_agg(b.payload ORDER BY b.ord * CASE WHEN on_duplicate = 'ignore' THEN 1 ELSE -1 END))[1]
+                   AS payload
+        FROM batch b GROUP BY b.item_key),
+    scheduled AS (
+        INSERT INTO throttle.event AS e (queue, item_key, group_key, payload, run_at, max_attempts,
+                                         enqueued_at, enqueued_by, priority)
+        SELECT queue, f.item_key, f.group_key, f.payload, f.run_at, max_attempts, now, caller, priority
+        FROM folded f ORDER BY f.item_key COLLATE "C"
+        ON CONFLICT (queue, item_key) WHERE state = 'pending'
+        DO UPDATE SET run_at = CASE on_duplicate WHEN 'replace' THEN excluded.run_at
+                                                  WHEN 'keep_earlier' THEN least(e.run_at, excluded.run_at)
+                                                  ELSE e.run_at END,
+                      payload = CASE WHEN on_duplicate = 'ignore' THEN e.payload ELSE excluded.payload END,
+                      priority = CASE WHEN on_duplicate = 'ignore' THEN e.priority ELSE excluded.priority END
+        RETURNING e.id, e.item_key, e.run_at)
+    SELECT (SELECT array_agg(s.id ORDER BY b.ord) FROM batch b JOIN scheduled s USING (item_key)),
+           (SELECT array_agg(s.id ORDER BY s.id) FROM scheduled s WHERE s.run_at <= now)
+    INTO ids, due;
+    PERFORM pg_notify(queue, d::text) FROM unnest(due) AS d;
+    RETURN ids;
+END
+$$;
+COMMENT ON FUNCTION throttle.schedule_many(text, text[], timestamptz[], jsonb[], text[], integer, integer, text) IS
+    'Schedules a batch of events of one queue in one statement: item_keys[i] at run_at[i] with payloads[i] and group_keys[i] (the arrays have one element per item_key; payloads and group_keys may be NULL for none), as if throttle.schedule ran for each in turn; returns their ids in the order of item_keys (an item_key named twice gets one event, and its id twice). NOTIFYs the queue''s channel with each event that is due.';
+
 CREATE FUNCTION throttle._newer_run_committed()
 RETURNS void
 LANGUAGE plpgsql AS $$
