@@ -121,14 +121,8 @@ COMMENT ON FUNCTION throttle._positive(interval, text) IS 'Internal: raises 2200
 
 -- A group's lease: in shared memory, a kind of its own (no throttle.lock name
 -- reaches it), not journaled: the claimed rows are the durable truth.
-CREATE FUNCTION throttle._group_take(queue text, group_key text, worker text, lease interval)
-RETURNS bigint
-AS 'MODULE_PATHNAME', 'pg_throttle_group_take'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION throttle._group_take(text, text, text, interval) IS
-    'Internal: takes the lease that holds a group of a queue; its fence token, or NULL when another worker holds it.';
-REVOKE EXECUTE ON FUNCTION throttle._group_take(text, text, text, interval) FROM PUBLIC;
-
+-- claim_group takes it natively (src/pg/queue/claim_group.cpp); these end
+-- and renew it.
 CREATE FUNCTION throttle._group_release(queue text, group_key text, token bigint)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'pg_throttle_group_release'
@@ -441,20 +435,6 @@ $$;
 COMMENT ON FUNCTION throttle._mark_claimed(bigint[], text, interval, bigint, timestamptz) IS
     'Internal: claims events for a worker and the calling role with token; makes dead those whose attempts are used up, and cancels expired claims superseded by a newer pending run of their item_key.';
 
--- Whether a group of the queue is held by a claim whose lease holds (the durable truth).
-CREATE FUNCTION throttle._group_held(queue text, group_key text, now timestamptz)
-RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    -- By group (event_claimed_groups), never by lease time: under churn the
-    -- lease index holds many dead entries until vacuum.
-    SELECT EXISTS (SELECT 1 FROM throttle.event e
-                   WHERE e.queue = _group_held.queue AND e.group_key = _group_held.group_key
-                     AND e.state = 'claimed' AND e.group_key IS NOT NULL
-                     AND (e.lease_until > now) IS TRUE)
-$$;
-COMMENT ON FUNCTION throttle._group_held(text, text, timestamptz) IS
-    'Internal: whether a claim whose lease holds covers the group.';
-
 CREATE FUNCTION throttle.claim(queue text, worker text, lease interval DEFAULT '5 minutes',
                                max integer DEFAULT 1)
 RETURNS SETOF throttle.event
@@ -463,124 +443,10 @@ LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION throttle.claim(text, text, interval, integer) IS
     'Claims up to max due events without a group_key for worker until lease: claims whose lease expired, then pending events with run_at <= now, higher priority first, then oldest first; never waits for rows another worker is claiming. The events carry the claim''s claim_token, which complete, fail and extend need. Grouped events are claimed with throttle.claim_group.';
 
--- Claims the due events of one group if it is free; no rows when it is not.
-CREATE FUNCTION throttle._claim_one_group(queue text, group_key text, worker text, lease interval,
-                                          now timestamptz)
-RETURNS SETOF throttle.event
-LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-DECLARE
-    token bigint := throttle._group_take(queue, group_key, worker, lease);
-    ids bigint[];
-    due_count bigint;
-BEGIN
-    IF token IS NULL THEN
-        RETURN;  -- another worker holds the group (shared memory)
-    END IF;
-    IF throttle._group_held(queue, group_key, now) THEN
-        -- A claim from before a restart still holds it: the table says so.
-        PERFORM throttle._group_release(queue, group_key, token);
-        RETURN;
-    END IF;
-    -- The group's due events, counted and locked in one statement (one
-    -- snapshot), without waiting. When another transaction is changing one
-    -- of them (cancel, reschedule, extend, or a claim or complete it has not
-    -- committed), fewer are locked than counted: the group is busy, skipped,
-    -- never waited for, and none of its events claimed before that one. So
-    -- it is when a locked event turns out claimed with a lease that holds
-    -- (an extend that committed meanwhile). A pending event whose item_key
-    -- has a claimed event (scheduled again while that one runs) waits for it.
-    WITH due AS (
-        SELECT e.id FROM throttle.event e
-        WHERE e.queue = _claim_one_group.queue AND e.group_key = _claim_one_group.group_key
-          AND e.group_key IS NOT NULL AND e.state IN ('pending', 'claimed')  -- event_groups
-          AND (e.state = 'claimed'
-               OR (e.run_at <= now
-                   AND NOT EXISTS (SELECT 1 FROM throttle.event c  -- event_claimed_key
-                                   WHERE c.queue = e.queue AND c.item_key = e.item_key
-                                     AND c.state = 'claimed')))),
-    locked AS (
-        SELECT e.id FROM throttle.event e
-        WHERE e.queue = _claim_one_group.queue AND e.group_key = _claim_one_group.group_key
-          AND e.group_key IS NOT NULL AND e.state IN ('pending', 'claimed')
-          AND (e.state = 'claimed'
-               OR (e.run_at <= now
-                   AND NOT EXISTS (SELECT 1 FROM throttle.event c
-                                   WHERE c.queue = e.queue AND c.item_key = e.item_key
-                                     AND c.state = 'claimed')))
-        FOR UPDATE OF e SKIP LOCKED)
-    SELECT (SELECT count(*) FROM due), (SELECT array_agg(id) FROM locked) INTO due_count, ids;
-    IF coalesce(cardinality(ids), 0) < due_count
-       OR EXISTS (SELECT 1 FROM throttle.event e
-                  WHERE e.id = ANY (ids) AND e.state = 'claimed' AND e.lease_until > now) THEN
-        PERFORM throttle._group_release(queue, group_key, token);
-        RETURN;
-    END IF;
-    RETURN QUERY SELECT * FROM throttle._mark_claimed(ids, worker, lease, token, now)
-                 ORDER BY run_at, id;
-    IF NOT FOUND THEN  -- every due event was out of attempts
-        PERFORM throttle._group_release(queue, group_key, token);
-    END IF;
-END
-$$;
-COMMENT ON FUNCTION throttle._claim_one_group(text, text, text, interval, timestamptz) IS
-    'Internal: takes the group''s lease and claims its due events, or nothing when the group is held.';
-
 CREATE FUNCTION throttle.claim_group(queue text, worker text, lease interval DEFAULT '5 minutes')
 RETURNS SETOF throttle.event
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    now timestamptz := throttle.now();
-    candidate record;
-    tried text[] := '{}';
-    after_at timestamptz;
-    after_id bigint;
-    seen boolean;
-BEGIN
-    PERFORM throttle._require(queue, 'queue'), throttle._require(worker, 'worker');
-    PERFORM throttle._positive(lease, 'lease');
-    -- Groups left behind by a worker whose lease expired, then groups with
-    -- due events, oldest first, read in batches along an index (keyset), so a
-    -- call reads only as far as the first free group. A group held by
-    -- another worker costs one shared-memory lookup to skip.
-    FOR pass IN 1 .. 2 LOOP
-        after_at := '-infinity';
-        after_id := 0;
-        LOOP
-            seen := false;
-            FOR candidate IN
-                SELECT e.group_key, e.at, e.id FROM (
-                    SELECT e.group_key, e.lease_until AS at, e.id FROM throttle.event e
-                    WHERE pass = 1 AND e.queue = claim_group.queue AND e.state = 'claimed'
-                      AND e.group_key IS NOT NULL AND e.lease_until <= now
-                      AND (e.lease_until, e.id) > (after_at, after_id)
-                    ORDER BY e.lease_until, e.id LIMIT 64) AS e
-                UNION ALL
-                SELECT e.group_key, e.at, e.id FROM (
-                    SELECT e.group_key, e.run_at AS at, e.id FROM throttle.event e
-                    WHERE pass = 2 AND e.queue = claim_group.queue AND e.state = 'pending'
-                      AND e.group_key IS NOT NULL AND e.run_at <= now
-                      AND (e.run_at, e.id) > (after_at, after_id)
-                    ORDER BY e.run_at, e.id LIMIT 64) AS e
-            LOOP
-                seen := true;
-                after_at := candidate.at;
-                after_id := candidate.id;
-                CONTINUE WHEN candidate.group_key = ANY (tried);
-                tried := tried || candidate.group_key;
-                RETURN QUERY SELECT * FROM throttle._claim_one_group(queue, candidate.group_key, worker,
-                                                                    lease, now);
-                IF FOUND THEN
-                    PERFORM throttle._durable_commit();
-                    RETURN;
-                END IF;
-            END LOOP;
-            EXIT WHEN NOT seen;
-        END LOOP;
-    END LOOP;
-END
-$$;
+AS 'MODULE_PATHNAME', 'pg_throttle_claim_group'
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION throttle.claim_group(text, text, interval) IS
     'Claims every due event of one group of the queue for worker until lease. While the lease holds no other worker gets any event of that group, including events that become due meanwhile. Returns no rows when no group is free.';
 
@@ -642,11 +508,12 @@ BEGIN
     WHERE g.id IN (SELECT unnest(ids)
                    UNION
                    SELECT x.id FROM throttle.event e
-                   JOIN throttle.event x  -- event_claimed_groups
+                   JOIN throttle.event x  -- event_groups
                      ON x.queue = e.queue AND x.group_key = e.group_key AND x.claim_token = token
-                    AND x.state = 'claimed' AND x.group_key IS NOT NULL
+                    AND x.state IN ('pending', 'claimed') AND upper(x.state) = 'CLAIMED'
+                    AND x.group_key IS NOT NULL
                    WHERE e.id = ANY (ids) AND e.group_key IS NOT NULL AND e.claim_token = token)
-      AND g.state = 'claimed' AND g.claim_token = token AND throttle._acts_as(g.claimed_role)
+      AND upper(g.state) = 'CLAIMED' AND g.claim_token = token AND throttle._acts_as(g.claimed_role)
     ORDER BY g.id
     FOR UPDATE OF g;
 END

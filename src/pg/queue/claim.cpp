@@ -11,9 +11,9 @@
 //     the scan, so events scheduled for later cost nothing), the next
 //     priority looked up only while the claim wants more; an event whose
 //     item_key has a claimed run waits for it;
-//  3. one UPDATE marks them claimed (or dead, when their attempts are used
-//     up, or cancelled, an expired claim superseded by a newer run), in a
-//     transaction whose commit is durable (durable_commit.hpp).
+//  3. they are marked claimed (or dead, when their attempts are used up, or
+//     cancelled, an expired claim superseded by a newer run: mark_claimed.hpp),
+//     in a transaction whose commit is durable (durable_commit.hpp).
 //
 // The plans are generic and kept for the backend's life, so a statement that
 // finds rows by id tests the state as upper(state): the planner then always
@@ -26,6 +26,7 @@
 #include "pg/queue/claim_token.hpp"
 #include "pg/queue/durable_commit.hpp"
 #include "pg/queue/event_rows.hpp"
+#include "pg/queue/mark_claimed.hpp"
 #include "pg/registry.hpp"
 
 namespace pg_throttle::pg {
@@ -63,35 +64,6 @@ KeptPlan due_events{
     " ORDER BY e.run_at, e.id LIMIT $4 FOR UPDATE SKIP LOCKED",
     4,
     {TEXTOID, INT4OID, TIMESTAMPTZOID, INT4OID},
-    nullptr};
-
-// Due pending events only (no expired claim among them): claimed.
-KeptPlan mark_pending_claimed{
-    "WITH claimed AS ("
-    "  UPDATE throttle.event"
-    "  SET state = 'claimed', claimed_at = $5, claimed_by = $2, lease_until = $5 + $3,"
-    "      claim_token = $4, claimed_role = $6, attempts = attempts + 1"
-    "  WHERE id = ANY ($1) AND upper(state) = 'PENDING' AND attempts < max_attempts"
-    "  RETURNING *)"
-    " SELECT * FROM claimed ORDER BY priority DESC, run_at, id",
-    6,
-    {INT8ARRAYOID, TEXTOID, INTERVALOID, INT8OID, TIMESTAMPTZOID, OIDOID},
-    nullptr};
-
-// The rest of them, whose attempts a retry left used up: dead.
-KeptPlan mark_pending_dead{
-    "UPDATE throttle.event SET state = 'dead', completed_at = $2, completed_by = claimed_by,"
-    "       last_error = coalesce(last_error, 'lease expired ' || attempts || ' times')"
-    " WHERE id = ANY ($1) AND upper(state) = 'PENDING' AND attempts >= max_attempts",
-    2,
-    {INT8ARRAYOID, TIMESTAMPTZOID},
-    nullptr};
-
-// With expired claims among them: throttle._mark_claimed's rules.
-KeptPlan mark_claimed{
-    "SELECT * FROM throttle._mark_claimed($1, $2, $3, $4, $5) ORDER BY priority DESC, run_at, id",
-    5,
-    {INT8ARRAYOID, TEXTOID, INTERVALOID, INT8OID, TIMESTAMPTZOID},
     nullptr};
 
 // The highest priority of the queue's pending ungrouped events below `below`
@@ -165,27 +137,12 @@ Datum claim(FunctionCallInfo fcinfo) {
     }
     const int64 token = new_claim_token();
     require_durable_commit();
-    if (expired_count > 0) {
-        Datum args[5] = {PointerGetDatum(ids), PG_GETARG_DATUM(1), PG_GETARG_DATUM(2),
-                         Int64GetDatum(token), now};
-        run_kept_plan(&mark_claimed, args, nullptr, SPI_OK_SELECT);
-        return_events(fcinfo, SPI_tuptable, SPI_processed);
-    } else {
-        Datum args[6] = {PointerGetDatum(ids),
-                         PG_GETARG_DATUM(1),
-                         PG_GETARG_DATUM(2),
-                         Int64GetDatum(token),
-                         now,
-                         ObjectIdGetDatum(GetOuterUserId())};
-        run_kept_plan(&mark_pending_claimed, args, nullptr, SPI_OK_SELECT);
-        const SPITupleTable* claimed = SPI_tuptable;  // kept until SPI_finish
-        const uint64 claimed_count = SPI_processed;
-        if (claimed_count < found) {
-            Datum dead_args[2] = {PointerGetDatum(ids), now};
-            run_kept_plan(&mark_pending_dead, dead_args, nullptr, SPI_OK_UPDATE);
-        }
-        return_events(fcinfo, claimed, claimed_count);
-    }
+    const ClaimRequest request{
+        ids,   expired_count > 0,        PG_GETARG_DATUM(1),   PG_GETARG_DATUM(2),
+        token, DatumGetTimestampTz(now), ClaimOrder::kPriority};
+    const SPITupleTable* claimed = nullptr;
+    const uint64 claimed_count = mark_claimed(request, &claimed);
+    return_events(fcinfo, claimed, claimed_count);
     SPI_finish();
     return static_cast<Datum>(0);
 }

@@ -40,17 +40,22 @@ KeptPlan lock_events{
     nullptr};
 
 // With grouped events: throttle._lock_claim's statement, which adds the
-// other events of their group claims (one id order for all).
+// other events of their group claims (one id order for all). The rows are
+// found by primary key and the group's by event_groups, never through the
+// partial indexes on state = 'claimed', which statistics of an idle moment
+// count as nearly empty and which under churn hold many dead entries.
 KeptPlan lock_claim{
     "SELECT 1 FROM throttle.event g"
     " WHERE g.id IN (SELECT unnest($1)"
     "                UNION"
     "                SELECT x.id FROM throttle.event e"
-    "                JOIN throttle.event x"  // event_claimed_groups
+    "                JOIN throttle.event x"  // event_groups
     "                  ON x.queue = e.queue AND x.group_key = e.group_key AND x.claim_token = $2"
-    "                 AND x.state = 'claimed' AND x.group_key IS NOT NULL"
+    "                 AND x.state IN ('pending', 'claimed') AND upper(x.state) = 'CLAIMED'"
+    "                 AND x.group_key IS NOT NULL"
     "                WHERE e.id = ANY ($1) AND e.group_key IS NOT NULL AND e.claim_token = $2)"
-    "   AND g.state = 'claimed' AND g.claim_token = $2 AND throttle._acts_as(g.claimed_role)"
+    "   AND upper(g.state) = 'CLAIMED' AND g.claim_token = $2"
+    "   AND throttle._acts_as(g.claimed_role)"
     " ORDER BY g.id"
     " FOR UPDATE OF g",
     2,

@@ -1,7 +1,7 @@
-// The lease that holds a group of the event queue (throttle.claim_group):
-// throttle._group_take, _group_release, _group_release_at_commit,
-// _group_renew and _group_reset. Internal: called by the queue's SECURITY DEFINER functions,
-// not granted to PUBLIC.
+// The lease that holds a group of the event queue: taken by claim_group
+// (claim_group.cpp), and ended or renewed by throttle._group_release,
+// _group_release_at_commit, _group_renew and _group_reset. Internal: called by
+// the queue's SECURITY DEFINER functions, not granted to PUBLIC.
 //
 // Groups have a kind of their own (EntryKind::kQueueGroup), so no name given
 // to throttle.lock can reach them. They are not journaled: the claimed rows
@@ -9,6 +9,8 @@
 // claim (the queue checks them before it hands a group out), so after a
 // crash a group no claim holds is free at once. A lease taken follows its
 // transaction (group_lease_xact.hpp).
+#include "pg/queue/group_lease.hpp"
+
 #include "pg/locks/locks.hpp"
 #include "pg/queue/group_lease_xact.hpp"
 
@@ -18,7 +20,6 @@
 #include <cstdio>
 
 namespace pg_throttle::pg {
-namespace {
 
 // The group's key: "<bytes of queue>:<queue>:<group_key>", or, when that
 // does not fit a registry name, "<bytes of queue>:<queue>#<SHA-256 of
@@ -26,11 +27,7 @@ namespace {
 // tells them apart, so no group_key of one form can name a group of the
 // other. Two group_keys with one digest would share a lease: each would wait
 // for the other, never run beside it.
-void group_key(FunctionCallInfo fcinfo, RegistryKey* key) {
-    require_not_null(fcinfo, 0, "queue");
-    require_not_null(fcinfo, 1, "group_key");
-    const text* queue = PG_GETARG_TEXT_PP(0);
-    const text* group = PG_GETARG_TEXT_PP(1);
+void group_lease_key(const text* queue, const text* group, RegistryKey* key) {
     const size_t queue_len = VARSIZE_ANY_EXHDR(queue);
     const size_t group_len = VARSIZE_ANY_EXHDR(group);
     char name[core::kMaxNameBytes + 1];
@@ -69,21 +66,22 @@ void group_key(FunctionCallInfo fcinfo, RegistryKey* key) {
     registry_make_key(EntryKind::kQueueGroup, name, static_cast<size_t>(pos - name), "group", key);
 }
 
-// (queue, group_key, worker, lease) -> the claim's fence token, or NULL.
-Datum group_take(FunctionCallInfo fcinfo) {
-    registry_require();
-    RegistryKey key;
-    group_key(fcinfo, &key);
-    require_not_null(fcinfo, 3, "lease");
-    const int64 lease = positive_interval(PG_GETARG_INTERVAL_P(3), "lease");
-    const Holder holder = holder_from_argument(fcinfo, 2);
+int64 group_lease_take(const RegistryKey& key, int64 lease_us, const Holder& holder) {
     group_lease_make_room();
-    const int64 token = lock_take(key, lease, 0, holder);
-    if (token == 0) {
-        PG_RETURN_NULL();
+    const int64 token = lock_take(key, lease_us, 0, holder);
+    if (token != 0) {
+        group_lease_taken_in_transaction(key, token);
     }
-    group_lease_taken_in_transaction(key, token);
-    PG_RETURN_INT64(token);
+    return token;
+}
+
+namespace {
+
+// The key of the group that arguments 0 (queue) and 1 (group_key) name.
+void group_key(FunctionCallInfo fcinfo, RegistryKey* key) {
+    require_not_null(fcinfo, 0, "queue");
+    require_not_null(fcinfo, 1, "group_key");
+    group_lease_key(PG_GETARG_TEXT_PP(0), PG_GETARG_TEXT_PP(1), key);
 }
 
 // (queue, group_key, token) -> released.
@@ -128,7 +126,6 @@ Datum group_renew(FunctionCallInfo fcinfo) {
 }  // namespace
 }  // namespace pg_throttle::pg
 
-PG_THROTTLE_SQL_FUNCTION(pg_throttle_group_take, pg_throttle::pg::group_take)
 PG_THROTTLE_SQL_FUNCTION(pg_throttle_group_release, pg_throttle::pg::group_release)
 PG_THROTTLE_SQL_FUNCTION(pg_throttle_group_release_at_commit,
                          pg_throttle::pg::group_release_at_commit)

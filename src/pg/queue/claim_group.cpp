@@ -1,0 +1,266 @@
+// throttle.claim_group(queue, worker, lease): every due event of one group,
+// for one worker, natively: each step is one statement whose plan this
+// backend prepared once (kept_plan.hpp).
+//
+// Candidates come in two passes, each read in batches of 64 along an index
+// (keyset, so a call reads only as far as the first free group): groups left
+// behind by a claim whose lease expired, then groups with due events, oldest
+// first. A group already tried in this call is skipped by a hash lookup. For
+// each new candidate:
+//  1. its lease in shared memory (group_lease.hpp): a group another worker
+//     holds costs that one lookup;
+//  2. the table, the durable truth: a claim from before a restart whose
+//     lease holds keeps the group;
+//  3. its due events counted and locked in one statement (one snapshot),
+//     never waiting: when another transaction is changing one of them
+//     (cancel, reschedule, extend, or a claim or complete not committed yet)
+//     fewer are locked than counted, and the group is busy, skipped. So it is
+//     when a locked event turns out claimed with a lease that holds (an
+//     extend that committed meanwhile). A pending event whose item_key has a
+//     claimed run waits for it;
+//  4. the events are marked claimed (mark_claimed.hpp), in a transaction
+//     whose commit is durable (durable_commit.hpp). A group whose due events
+//     all had their attempts used up is released, and the next one tried.
+#include "pg/arguments.hpp"
+#include "pg/boundary.hpp"
+#include "pg/clock.hpp"
+#include "pg/holder.hpp"
+#include "pg/kept_plan.hpp"
+#include "pg/locks/locks.hpp"
+#include "pg/queue/durable_commit.hpp"
+#include "pg/queue/event_rows.hpp"
+#include "pg/queue/group_lease.hpp"
+#include "pg/queue/mark_claimed.hpp"
+#include "pg/registry.hpp"
+
+namespace pg_throttle::pg {
+namespace {
+
+constexpr long kCandidateBatch = 64;
+
+// Pass 1: expired group claims, by lease end. Pass 2: due grouped events.
+KeptPlan expired_group_claims{
+    "SELECT e.group_key, e.lease_until, e.id FROM throttle.event e"
+    " WHERE e.queue = $1 AND e.state = 'claimed' AND e.group_key IS NOT NULL"
+    "   AND e.lease_until <= $2 AND (e.lease_until, e.id) > ($3, $4)"
+    " ORDER BY e.lease_until, e.id LIMIT 64",
+    4,
+    {TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID},
+    nullptr};
+
+KeptPlan due_grouped_events{
+    "SELECT e.group_key, e.run_at, e.id FROM throttle.event e"
+    " WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NOT NULL"
+    "   AND e.run_at <= $2 AND (e.run_at, e.id) > ($3, $4)"
+    " ORDER BY e.run_at, e.id LIMIT 64",
+    4,
+    {TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID},
+    nullptr};
+
+// Whether a claim whose lease holds covers the group: by group
+// (event_claimed_groups), never by lease time, whose index holds many dead
+// entries under churn until vacuum.
+KeptPlan group_held{
+    "SELECT EXISTS (SELECT 1 FROM throttle.event e"
+    "               WHERE e.queue = $1 AND e.group_key = $2 AND e.state = 'claimed'"
+    "                 AND e.group_key IS NOT NULL AND (e.lease_until > $3) IS TRUE)",
+    3,
+    {TEXTOID, TEXTOID, TIMESTAMPTZOID},
+    nullptr};
+
+// The group's due events counted and locked (step 3): how many are due, the
+// ids locked, whether some of them are claims (expired, or held when an
+// extend committed meanwhile), whether some claim among them holds. Both
+// scans go along event_groups by (queue, group_key): upper(state) keeps the
+// generic plan from reading every claimed event of the queue through
+// event_leases_grouped for the claimed ones.
+KeptPlan lock_group{
+    "WITH due AS ("
+    "  SELECT e.id FROM throttle.event e"
+    "  WHERE e.queue = $1 AND e.group_key = $2 AND e.group_key IS NOT NULL"
+    "    AND e.state IN ('pending', 'claimed')"  // event_groups
+    "    AND (upper(e.state) = 'CLAIMED'"
+    "         OR (e.run_at <= $3"
+    "             AND NOT EXISTS (SELECT 1 FROM throttle.event c"  // event_claimed_key
+    "                             WHERE c.queue = e.queue AND c.item_key = e.item_key"
+    "                               AND c.state = 'claimed')))),"
+    " locked AS ("
+    "  SELECT e.id, e.state, e.lease_until FROM throttle.event e"
+    "  WHERE e.queue = $1 AND e.group_key = $2 AND e.group_key IS NOT NULL"
+    "    AND e.state IN ('pending', 'claimed')"
+    "    AND (upper(e.state) = 'CLAIMED'"
+    "         OR (e.run_at <= $3"
+    "             AND NOT EXISTS (SELECT 1 FROM throttle.event c"
+    "                             WHERE c.queue = e.queue AND c.item_key = e.item_key"
+    "                               AND c.state = 'claimed')))"
+    "  FOR UPDATE OF e SKIP LOCKED)"
+    " SELECT (SELECT count(*) FROM due),"
+    "        (SELECT array_agg(l.id ORDER BY l.id) FROM locked l),"
+    "        (SELECT coalesce(bool_or(l.state = 'claimed'), false) FROM locked l),"
+    "        (SELECT coalesce(bool_or(l.state = 'claimed' AND l.lease_until > $3), false)"
+    "         FROM locked l)",
+    3,
+    {TEXTOID, TEXTOID, TIMESTAMPTZOID},
+    nullptr};
+
+// The groups this call has tried: a hash of their keys, each bucket a chain
+// of the keys with that hash (copies, in the call's memory context).
+struct TriedKey {
+    const text* group_key;
+    TriedKey* next;
+};
+
+struct TriedBucket {
+    uint32 hash;  // the hash table's key
+    TriedKey* keys;
+};
+
+HTAB* tried_groups_create() {
+    HASHCTL info{};
+    info.keysize = sizeof(uint32);
+    info.entrysize = sizeof(TriedBucket);
+    info.hcxt = CurrentMemoryContext;
+    return hash_create("pg_throttle claim_group tried groups", 256, &info,
+                       HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+}
+
+// Whether `group_key` was tried before in this call; records it when not.
+bool tried_before(HTAB* tried, const text* group_key) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(VARDATA_ANY(group_key));
+    const int len = static_cast<int>(VARSIZE_ANY_EXHDR(group_key));
+    const uint32 hash = DatumGetUInt32(hash_any(bytes, len));
+    bool found = false;
+    auto* bucket = static_cast<TriedBucket*>(hash_search(tried, &hash, HASH_ENTER, &found));
+    if (!found) {
+        bucket->keys = nullptr;
+    }
+    for (const TriedKey* key = bucket->keys; key != nullptr; key = key->next) {
+        if (static_cast<int>(VARSIZE_ANY_EXHDR(key->group_key)) == len &&
+            memcmp(VARDATA_ANY(key->group_key), bytes, len) == 0) {
+            return true;
+        }
+    }
+    auto* key = static_cast<TriedKey*>(palloc(sizeof(TriedKey)));
+    key->group_key =
+        reinterpret_cast<const text*>(PG_DETOAST_DATUM_COPY(PointerGetDatum(group_key)));
+    key->next = bucket->keys;
+    bucket->keys = key;
+    return false;
+}
+
+struct GroupClaim {
+    Datum queue;
+    Datum worker;
+    Datum lease;
+    int64 lease_us;
+    const Holder* holder;
+    TimestampTz now;
+};
+
+// Claims the due events of `group_key` if the group is free (steps 1-4);
+// how many, their rows in `*rows`.
+uint64 claim_one_group(const GroupClaim& claim, const text* group_key, const SPITupleTable** rows) {
+    RegistryKey key;
+    group_lease_key(DatumGetTextPP(claim.queue), group_key, &key);
+    const int64 token = group_lease_take(key, claim.lease_us, *claim.holder);
+    if (token == 0) {
+        return 0;  // another worker holds the group (shared memory)
+    }
+    const Datum now = TimestampTzGetDatum(claim.now);
+    Datum args[3] = {claim.queue, PointerGetDatum(group_key), now};
+    run_kept_plan(&group_held, args, nullptr, SPI_OK_SELECT, 1);
+    bool is_null = true;
+    const bool held =
+        DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
+    if (held) {  // a claim from before a restart still holds it: the table says so
+        lock_release(key, token);
+        return 0;
+    }
+    run_kept_plan(&lock_group, args, nullptr, SPI_OK_SELECT, 1);
+    const HeapTuple row = SPI_tuptable->vals[0];
+    const TupleDesc desc = SPI_tuptable->tupdesc;
+    const int64 due = DatumGetInt64(SPI_getbinval(row, desc, 1, &is_null));
+    const Datum ids_datum = SPI_getbinval(row, desc, 2, &is_null);
+    ArrayType* ids = is_null ? nullptr : DatumGetArrayTypePCopy(ids_datum);
+    const int locked = ids == nullptr ? 0 : ArrayGetNItems(ARR_NDIM(ids), ARR_DIMS(ids));
+    const bool any_claimed = DatumGetBool(SPI_getbinval(row, desc, 3, &is_null));
+    const bool any_holding = DatumGetBool(SPI_getbinval(row, desc, 4, &is_null));
+    if (locked == 0 || locked < due || any_holding) {
+        lock_release(key, token);
+        return 0;
+    }
+    const ClaimRequest request{ids,   any_claimed, claim.worker,      claim.lease,
+                               token, claim.now,   ClaimOrder::kRunAt};
+    const uint64 claimed = mark_claimed(request, rows);
+    if (claimed == 0) {  // every due event was out of attempts
+        lock_release(key, token);
+    }
+    return claimed;
+}
+
+// (queue text, worker text, lease interval) -> SETOF throttle.event
+Datum claim_group(FunctionCallInfo fcinfo) {
+    require_not_null(fcinfo, 0, "queue");
+    require_not_null(fcinfo, 1, "worker");
+    require_not_null(fcinfo, 2, "lease");
+    const Interval* lease = PG_GETARG_INTERVAL_P(2);
+    require_positive_interval(lease, "lease");
+    registry_require();
+    const Holder holder = holder_from_argument(fcinfo, 1);
+    const GroupClaim claim{PG_GETARG_DATUM(0),
+                           PG_GETARG_DATUM(1),
+                           PG_GETARG_DATUM(2),
+                           positive_interval(lease, "lease"),
+                           &holder,
+                           clock_now()};
+
+    if (SPI_connect() != SPI_OK_CONNECT) {
+        elog(ERROR, "SPI_connect failed");
+    }
+    HTAB* tried = tried_groups_create();
+    KeptPlan* const passes[2] = {&expired_group_claims, &due_grouped_events};
+    for (KeptPlan* pass : passes) {
+        TimestampTz after_at = DT_NOBEGIN;
+        int64 after_id = 0;
+        for (;;) {
+            Datum args[4] = {claim.queue, TimestampTzGetDatum(claim.now),
+                             TimestampTzGetDatum(after_at), Int64GetDatum(after_id)};
+            run_kept_plan(pass, args, nullptr, SPI_OK_SELECT, kCandidateBatch);
+            SPITupleTable* candidates =
+                SPI_tuptable;  // the group claims below run other statements
+            const uint64 count = SPI_processed;
+            if (count == 0) {
+                break;
+            }
+            for (uint64 i = 0; i < count; i++) {
+                const HeapTuple row = candidates->vals[i];
+                bool is_null = true;
+                const Datum group_key = SPI_getbinval(row, candidates->tupdesc, 1, &is_null);
+                after_at =
+                    DatumGetTimestampTz(SPI_getbinval(row, candidates->tupdesc, 2, &is_null));
+                after_id = DatumGetInt64(SPI_getbinval(row, candidates->tupdesc, 3, &is_null));
+                const text* key = DatumGetTextPP(group_key);
+                if (tried_before(tried, key)) {
+                    continue;
+                }
+                const SPITupleTable* claimed_rows = nullptr;
+                const uint64 claimed = claim_one_group(claim, key, &claimed_rows);
+                if (claimed > 0) {
+                    require_durable_commit();
+                    return_events(fcinfo, claimed_rows, claimed);
+                    SPI_finish();
+                    return static_cast<Datum>(0);
+                }
+            }
+            SPI_freetuptable(candidates);
+        }
+    }
+    InitMaterializedSRF(fcinfo, 0);
+    SPI_finish();
+    return static_cast<Datum>(0);
+}
+
+}  // namespace
+}  // namespace pg_throttle::pg
+
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_claim_group, pg_throttle::pg::claim_group)

@@ -1,0 +1,75 @@
+// Marks the events a claim has locked: when all of them are pending (the
+// common case) with two statements of its own, kept plans; when some are
+// expired claims, through throttle._mark_claimed, whose three statements
+// also cancel expired claims that a newer run supersedes.
+//
+// The plans are generic and kept for the backend's life, so the statements
+// test the state as upper(state): the planner then finds the rows by primary
+// key, never through a partial index on state.
+#include "pg/queue/mark_claimed.hpp"
+
+#include "pg/kept_plan.hpp"
+
+namespace pg_throttle::pg {
+namespace {
+
+// The order: by priority first when $7 (claim), else by run_at (claim_group).
+// Due pending events only (no expired claim among them): claimed.
+KeptPlan mark_pending_claimed{
+    "WITH claimed AS ("
+    "  UPDATE throttle.event"
+    "  SET state = 'claimed', claimed_at = $5, claimed_by = $2, lease_until = $5 + $3,"
+    "      claim_token = $4, claimed_role = $6, attempts = attempts + 1"
+    "  WHERE id = ANY ($1) AND upper(state) = 'PENDING' AND attempts < max_attempts"
+    "  RETURNING *)"
+    " SELECT * FROM claimed ORDER BY CASE WHEN $7 THEN priority END DESC, run_at, id",
+    7,
+    {INT8ARRAYOID, TEXTOID, INTERVALOID, INT8OID, TIMESTAMPTZOID, OIDOID, BOOLOID},
+    nullptr};
+
+// The rest of them, whose attempts a retry left used up: dead.
+KeptPlan mark_pending_dead{
+    "UPDATE throttle.event SET state = 'dead', completed_at = $2, completed_by = claimed_by,"
+    "       last_error = coalesce(last_error, 'lease expired ' || attempts || ' times')"
+    " WHERE id = ANY ($1) AND upper(state) = 'PENDING' AND attempts >= max_attempts",
+    2,
+    {INT8ARRAYOID, TIMESTAMPTZOID},
+    nullptr};
+
+// With expired claims among them: throttle._mark_claimed's rules.
+KeptPlan mark_with_expired{
+    "SELECT * FROM throttle._mark_claimed($1, $2, $3, $4, $5)"
+    " ORDER BY CASE WHEN $6 THEN priority END DESC, run_at, id",
+    6,
+    {INT8ARRAYOID, TEXTOID, INTERVALOID, INT8OID, TIMESTAMPTZOID, BOOLOID},
+    nullptr};
+
+}  // namespace
+
+uint64 mark_claimed(const ClaimRequest& request, const SPITupleTable** rows) {
+    const Datum by_priority = BoolGetDatum(request.order == ClaimOrder::kPriority);
+    const Datum ids = PointerGetDatum(request.ids);
+    const Datum now = TimestampTzGetDatum(request.now);
+    if (request.any_expired) {
+        Datum args[6] = {ids, request.worker, request.lease, Int64GetDatum(request.token),
+                         now, by_priority};
+        run_kept_plan(&mark_with_expired, args, nullptr, SPI_OK_SELECT);
+        *rows = SPI_tuptable;
+        return SPI_processed;
+    }
+    Datum args[7] = {ids,           request.worker,
+                     request.lease, Int64GetDatum(request.token),
+                     now,           ObjectIdGetDatum(GetOuterUserId()),
+                     by_priority};
+    run_kept_plan(&mark_pending_claimed, args, nullptr, SPI_OK_SELECT);
+    *rows = SPI_tuptable;  // kept until SPI_finish
+    const uint64 claimed = SPI_processed;
+    const int nids = ArrayGetNItems(ARR_NDIM(request.ids), ARR_DIMS(request.ids));
+    if (claimed < static_cast<uint64>(nids)) {
+        Datum dead_args[2] = {ids, now};
+        run_kept_plan(&mark_pending_dead, dead_args, nullptr, SPI_OK_UPDATE);
+    }
+    return claimed;
+}
+
+}  // namespace pg_throttle::pg
