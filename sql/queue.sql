@@ -230,3 +230,39 @@ SELECT throttle.schedule_many('many', NULL, ARRAY['2031-06-01 12:00:00+00']::tim
 SELECT count(*) AS nothing_scheduled_by_errors FROM throttle.event WHERE queue = 'many' AND item_key IN ('x', 'y', 'z', 'w');
 RESET pg_throttle.test_clock;
 DELETE FROM throttle.event WHERE queue = 'many';
+
+-- Rate-limited claims: a queue named in throttle.queue_bucket hands out at
+-- most as many events as its bucket allows, one unit per event.
+SET pg_throttle.test_clock = '2031-06-01 12:00:00+00';
+INSERT INTO throttle.bucket (name, rate, per, burst) VALUES ('smtp', 3, '1 minute', 3);
+INSERT INTO throttle.queue_bucket (queue, bucket) VALUES ('limited', 'smtp');
+SELECT count(throttle.schedule('limited', 'e' || g, '2031-06-01 11:00:00+00')) AS scheduled
+FROM generate_series(1, 5) g;
+SELECT item_key FROM throttle.claim('limited', 'w', max => 10);
+SELECT count(*) AS bucket_empty FROM throttle.claim('limited', 'w', max => 10);
+SELECT allowed, remaining, retry_after FROM throttle.take('smtp', 0);
+SET pg_throttle.test_clock = '2031-06-01 12:00:20+00';
+SELECT item_key FROM throttle.claim('limited', 'w', max => 10);
+-- claim_group: the group's oldest events, as many as the bucket allows; the
+-- group stays held, its other events wait for the claim to end.
+SELECT count(throttle.schedule('limited', 'g' || g, '2031-06-01 11:00:00+00', group_key => 'G'))
+FROM generate_series(1, 4) g;
+SET pg_throttle.test_clock = '2031-06-01 12:01:00+00';
+SELECT array_agg(item_key ORDER BY item_key) AS g_keys, min(claim_token) AS g_token
+FROM throttle.claim_group('limited', 'w-g') \gset
+SELECT :'g_keys' AS claimed_keys;
+SELECT item_key, state FROM throttle.event WHERE queue = 'limited' AND group_key = 'G' ORDER BY id;
+SELECT count(*) AS group_held FROM throttle.claim_group('limited', 'w-other');
+SELECT throttle.complete(ARRAY(SELECT id FROM throttle.event WHERE queue = 'limited' AND state = 'claimed'
+                               AND group_key = 'G'), :g_token) AS completed;
+SET pg_throttle.test_clock = '2031-06-01 12:02:00+00';
+SELECT item_key, claimed_by FROM throttle.claim_group('limited', 'w-other');
+-- The bucket is shared with throttle.take: what take uses, claims cannot.
+SELECT allowed FROM throttle.take('smtp', 1);
+SELECT count(*) AS nothing_left_for_claims FROM throttle.claim('limited', 'w', max => 10);
+-- Dropping the bucket drops the limit with it.
+DELETE FROM throttle.bucket WHERE name = 'smtp';
+SELECT count(*) AS queue_buckets FROM throttle.queue_bucket;
+SELECT count(*) AS unlimited FROM throttle.claim('limited', 'w', max => 10);
+RESET pg_throttle.test_clock;
+DELETE FROM throttle.event WHERE queue = 'limited';

@@ -174,6 +174,30 @@ void bucket_request_from_declaration(FunctionCallInfo fcinfo, int cost_arg,
                PG_GETARG_INT32(cost_arg), request);
 }
 
+void bucket_request_from_declared(const text* name, const DeclaredBucket& declared, int32 cost,
+                                  BucketRequest* request) {
+    bucket_key(name, request);
+    fill_shape(declared.rate, &declared.per, declared.burst_is_null, declared.burst, cost, request);
+}
+
+int64 bucket_take_up_to(BucketRequest request, core::Micros now, int64 want) {
+    // A peek says how many units are there; taking them can find fewer when
+    // another session took some in between: then again, with what is left.
+    for (int attempt = 0; attempt < 8; ++attempt) {
+        request.cost = 0;
+        const core::GcraDecision peek = bucket_reserve(request, now, 0);
+        const int64 units = std::min(want, peek.remaining);
+        if (units <= 0) {
+            return 0;
+        }
+        request.cost = static_cast<int32>(units);
+        if (bucket_reserve(request, now, 0).allowed) {
+            return units;
+        }
+    }
+    return 0;
+}
+
 core::GcraDecision bucket_reserve(const BucketRequest& request, core::Micros now,
                                   core::Micros max_wait) {
     ReserveCall call{&request, now, max_wait, {}};

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/gcra.hpp"
+#include "pg/catalog.hpp"
 #include "pg/registry.hpp"
 
 namespace pg_throttle::pg {
@@ -23,6 +24,15 @@ void bucket_request_from_arguments(FunctionCallInfo fcinfo, BucketRequest* reque
 // From the key at position 0 and the cost at `cost_arg`, with the shape
 // declared in throttle.bucket for the key (42704 when there is none).
 void bucket_request_from_declaration(FunctionCallInfo fcinfo, int cost_arg, BucketRequest* request);
+
+// For the bucket `name` with the shape `declared` (throttle.bucket) and
+// `cost`, as throttle.take(name, cost) makes it.
+void bucket_request_from_declared(const text* name, const DeclaredBucket& declared, int32 cost,
+                                  BucketRequest* request);
+
+// Takes as many units as the bucket has now, at most `want` (> 0); how many
+// it took, 0 when it is empty. Each unit taken counts as in throttle.take.
+int64 bucket_take_up_to(BucketRequest request, core::Micros now, int64 want);
 
 // Decides `request` at `now`, reserving it when it passes within `max_wait`
 // (0: only when it passes now). Raises 53200 when the registry is full.

@@ -11,6 +11,13 @@ KeptPlan resource_query{
 KeptPlan bucket_query{
     "SELECT rate, per, burst FROM throttle.bucket WHERE name = $1", 1, {TEXTOID}, nullptr};
 
+KeptPlan queue_bucket_query{
+    "SELECT b.rate, b.per, b.burst, b.name FROM throttle.queue_bucket q"
+    " JOIN throttle.bucket b ON b.name = q.bucket WHERE q.queue = $1",
+    1,
+    {TEXTOID},
+    nullptr};
+
 // Runs `query` for `name`; on the row found, `extract` copies what it needs
 // before SPI memory goes away. Returns whether a row was found.
 bool lookup(KeptPlan* query, const text* name,
@@ -45,6 +52,22 @@ void extract_bucket(HeapTuple row, TupleDesc desc, void* ctx) {
     bucket->burst = bucket->burst_is_null ? 0 : DatumGetInt32(burst);
 }
 
+struct QueueBucket {
+    DeclaredBucket bucket;
+    text* name;
+};
+
+void extract_queue_bucket(HeapTuple row, TupleDesc desc, void* ctx) {
+    auto* found = static_cast<QueueBucket*>(ctx);
+    extract_bucket(row, desc, &found->bucket);
+    bool is_null = false;
+    const text* name = DatumGetTextPP(SPI_getbinval(row, desc, 4, &is_null));
+    const size_t size = VARSIZE_ANY_EXHDR(name) + VARHDRSZ;
+    found->name = static_cast<text*>(SPI_palloc(size));  // outlives this SPI call
+    SET_VARSIZE(found->name, size);
+    memcpy(VARDATA(found->name), VARDATA_ANY(name), size - VARHDRSZ);
+}
+
 [[noreturn]] void raise_undeclared(const char* what, const text* name, const char* hint) {
     ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT),
                     errmsg("%s \"%s\" is not declared", what, text_to_cstring(name)),
@@ -72,6 +95,16 @@ DeclaredBucket declared_bucket(const text* key) {
                          "throttle.bucket (name, rate, per, burst) VALUES (...).");
     }
     return bucket;
+}
+
+bool queue_bucket(const text* queue, text** name, DeclaredBucket* bucket) {
+    QueueBucket found{};
+    if (!lookup(&queue_bucket_query, queue, extract_queue_bucket, &found)) {
+        return false;
+    }
+    *name = found.name;
+    *bucket = found.bucket;
+    return true;
 }
 
 }  // namespace pg_throttle::pg

@@ -20,4 +20,9 @@ struct DeclaredBucket {
 // when it is not declared there.
 DeclaredBucket declared_bucket(const text* key);
 
+// The bucket that limits the claims of `queue` (throttle.queue_bucket):
+// false when none does; otherwise its name (in the memory context current at
+// the call) and shape.
+bool queue_bucket(const text* queue, text** name, DeclaredBucket* bucket);
+
 }  // namespace pg_throttle::pg

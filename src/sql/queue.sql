@@ -81,6 +81,16 @@ GRANT SELECT (id, queue, item_key, group_key, payload, run_at, state, attempts, 
     ON throttle.event TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('throttle.event', '');
 
+CREATE TABLE throttle.queue_bucket (
+    queue  text PRIMARY KEY CHECK (queue <> '' AND octet_length(queue) <= 63),
+    bucket text NOT NULL REFERENCES throttle.bucket (name) ON UPDATE CASCADE ON DELETE CASCADE
+);
+COMMENT ON TABLE throttle.queue_bucket IS
+    'Rate-limited queues: claim and claim_group of the queue hand out at most as many events as the declared bucket allows, one unit per event; the rest stay pending until it refills. The bucket is the one throttle.take(name) takes from.';
+COMMENT ON COLUMN throttle.queue_bucket.bucket IS 'The name of a bucket declared in throttle.bucket.';
+GRANT SELECT ON throttle.queue_bucket TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('throttle.queue_bucket', '');
+
 CREATE FUNCTION throttle._require(value anyelement, what text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$

@@ -129,6 +129,28 @@ def check_unsynced(tap, conn, setup, after):
     execute(conn, "DELETE FROM throttle.event WHERE queue IN ('ca', 'cb')")
 
 
+def rate_limited_setup(conn):
+    """Queue 'cl', limited by a bucket of 3 an hour: its 3 units are claimed
+    just before the fault; 3 more events and a group wait."""
+    execute(conn, "INSERT INTO throttle.bucket (name, rate, per, burst) VALUES ('cl.bucket', 3, '1 hour', 3)")
+    execute(conn, "INSERT INTO throttle.queue_bucket (queue, bucket) VALUES ('cl', 'cl.bucket')")
+    one(conn, "SELECT count(throttle.schedule('cl', 'l' || g, now() - interval '1 minute')) "
+              "FROM generate_series(1, 6) g")
+    one(conn, "SELECT throttle.schedule('cl', 'lg', now() - interval '1 minute', group_key => 'g')")
+    return one(conn, "SELECT count(*) FROM throttle.claim('cl', 'wl', '10 minutes', 10)")[0]
+
+
+def check_rate_limited(tap, conn, before, after):
+    got = [one(conn, "SELECT count(*) FROM throttle.claim('cl', 'wl2', '1 minute', 10)")[0],
+           one(conn, "SELECT count(*) FROM throttle.claim_group('cl', 'wl2', '1 minute')")[0],
+           one(conn, "SELECT count(*) FROM throttle.claim('cl', 'wl3', '1 minute', 10)")[0]]
+    tap.ok(before == 3 and got == [0, 0, 0],
+           f"after {after}, a rate-limited queue whose bucket was used up hands out nothing more "
+           "(claim, claim_group, claim again)", repr((before, got)))
+    execute(conn, "DELETE FROM throttle.queue_bucket WHERE queue = 'cl'")
+    execute(conn, "DELETE FROM throttle.event WHERE queue = 'cl'")
+
+
 def backend_killed(tap, conn, data_dir, checkpoint):
     # The background worker's checkpoint, every second for this part.
     execute(conn, "ALTER SYSTEM SET pg_throttle.checkpoint_interval = '1s'")
@@ -149,6 +171,7 @@ def backend_killed(tap, conn, data_dir, checkpoint):
     # Crash recovery replays WAL only from the last checkpoint on: the lease
     # was granted before it, so only the lease journal can bring it back.
     unsynced = unsynced_setup(conn)
+    limited = rate_limited_setup(conn)
     execute(conn, "CHECKPOINT")
     unsynced_claims(unsynced)
     kill_backend(conn)
@@ -171,6 +194,7 @@ def backend_killed(tap, conn, data_dir, checkpoint):
            "the log says the lease came back from the journal")
     check_groups(tap, conn, w1, "a backend crash")
     check_unsynced(tap, conn, unsynced, "a backend crash")
+    check_rate_limited(tap, conn, limited, "a backend crash")
     conn.close()
 
 
@@ -190,6 +214,7 @@ def postmaster_killed(tap, conn, data_dir, checkpoint):
     one(conn, "SELECT throttle.renew('pm.lease', %s, '25 seconds')", (before["lease"],))
     before["expires"] = one(conn, "SELECT expires_at FROM throttle.locks WHERE name = 'pm.lease'")[0]
     unsynced = unsynced_setup(conn)
+    limited = rate_limited_setup(conn)
     unsynced_claims(unsynced)
     conn.close()
     kill_postmaster(data_dir)
@@ -205,6 +230,7 @@ def postmaster_killed(tap, conn, data_dir, checkpoint):
            "and not from the checkpoint taken before the reset", repr((after_reset, regranted)))
     check_groups(tap, conn, w1, "a postmaster kill")
     check_unsynced(tap, conn, unsynced, "a postmaster kill")
+    check_rate_limited(tap, conn, limited, "a postmaster kill")
     conn.close()
 
 
@@ -225,8 +251,8 @@ def damaged_checkpoint(tap, conn, data_dir, checkpoint):
 
 # Each fault runs on a fresh cluster: the crash rule one leaves in force (for
 # good: it outlives clean restarts) would deny the grants the next makes first.
-PHASES = {"backend": (backend_killed, CHECKS_PER_FAULT + 14),
-          "postmaster": (postmaster_killed, CHECKS_PER_FAULT + 12),
+PHASES = {"backend": (backend_killed, CHECKS_PER_FAULT + 15),
+          "postmaster": (postmaster_killed, CHECKS_PER_FAULT + 13),
           "damaged-checkpoint": (damaged_checkpoint, 4)}
 
 

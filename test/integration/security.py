@@ -138,6 +138,10 @@ def queue_groups(tap):
     tap.is_(rows, 1, "it does not block the group: the group's lease is out of throttle.lock's reach")
     tap.is_(code_of(alice, "SELECT throttle._group_reset('sec.q', 'g1')"), "42501",
             "the group lease functions are not granted to ordinary roles")
+    # A queue's rate limit is declared by privileged roles only.
+    tap.is_((code_of(alice, "INSERT INTO throttle.queue_bucket (queue, bucket) VALUES ('sec.q', 'x')"),
+             code_of(alice, "DELETE FROM throttle.queue_bucket")), ("42501", "42501"),
+            "an ordinary role can neither limit a queue's claims nor lift a limit")
     alice.close()
     bob.close()
 
@@ -347,7 +351,7 @@ def privileges(tap):
 
 
 def main():
-    tap = Tap(46)
+    tap = Tap(47)
     admin = connect()
     setup(admin)
     admin_a = superuser_in(DB_A)

@@ -1,9 +1,15 @@
 -- The event queue: signatures, error codes, privileges, index use.
 BEGIN;
-SELECT plan(32);
+SELECT plan(35);
 SET LOCAL pg_throttle.test_clock = '2038-01-01 00:00:00+00';
 
 SELECT has_table('throttle', 'event', 'catalog table throttle.event');
+SELECT has_table('throttle', 'queue_bucket', 'catalog table throttle.queue_bucket');
+SELECT fk_ok('throttle', 'queue_bucket', 'bucket', 'throttle', 'bucket', 'name');
+SELECT ok(has_table_privilege('public', 'throttle.queue_bucket', 'SELECT')
+          AND NOT has_table_privilege('public', 'throttle.queue_bucket', 'INSERT')
+          AND NOT has_table_privilege('public', 'throttle.queue_bucket', 'DELETE'),
+    'everyone may see which queues a bucket limits; only privileged roles may change it');
 SELECT has_function('throttle', 'schedule', ARRAY['text', 'text', 'timestamp with time zone', 'jsonb', 'text', 'integer', 'integer', 'text']);
 SELECT function_returns('throttle', 'schedule', ARRAY['text', 'text', 'timestamp with time zone', 'jsonb', 'text', 'integer', 'integer', 'text'], 'bigint');
 SELECT function_returns('throttle', 'schedule_many', ARRAY['text', 'text[]', 'timestamp with time zone[]', 'jsonb[]', 'text[]', 'integer', 'integer', 'text'], 'bigint[]');

@@ -11,7 +11,9 @@
 //     the scan, so events scheduled for later cost nothing), the next
 //     priority looked up only while the claim wants more; an event whose
 //     item_key has a claimed run waits for it;
-//  3. they are marked claimed (or dead, when their attempts are used up, or
+//  3. a queue whose claims a bucket limits keeps as many of them, in this
+//     order, as the bucket gives units (claim_limit.hpp);
+//  4. they are marked claimed (or dead, when their attempts are used up, or
 //     cancelled, an expired claim superseded by a newer run: mark_claimed.hpp),
 //     in a transaction whose commit is durable (durable_commit.hpp).
 //
@@ -23,6 +25,7 @@
 #include "pg/boundary.hpp"
 #include "pg/clock.hpp"
 #include "pg/kept_plan.hpp"
+#include "pg/queue/claim_limit.hpp"
 #include "pg/queue/claim_token.hpp"
 #include "pg/queue/durable_commit.hpp"
 #include "pg/queue/event_rows.hpp"
@@ -130,10 +133,16 @@ Datum claim(FunctionCallInfo fcinfo) {
         have_level = priority_level(queue, &below, &level);
     }
 
-    if (found == 0) {
+    const int64 allowed = found == 0 ? 0
+                                     : claim_limit(PG_GETARG_TEXT_PP(0), static_cast<int64>(found),
+                                                   DatumGetTimestampTz(now));
+    if (allowed == 0) {
         InitMaterializedSRF(fcinfo, 0);
         SPI_finish();
         return static_cast<Datum>(0);
+    }
+    if (allowed < static_cast<int64>(found)) {  // the queue's bucket gave fewer units
+        ids = first_ids(ids, static_cast<int>(allowed));
     }
     const int64 token = new_claim_token();
     require_durable_commit();

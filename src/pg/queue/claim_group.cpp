@@ -18,7 +18,10 @@
 //     when a locked event turns out claimed with a lease that holds (an
 //     extend that committed meanwhile). A pending event whose item_key has a
 //     claimed run waits for it;
-//  4. the events are marked claimed (mark_claimed.hpp), in a transaction
+//  4. a queue whose claims a bucket limits keeps the oldest of them, as many
+//     as the bucket gives units (claim_limit.hpp); none when it is empty,
+//     and then the call ends;
+//  5. the events are marked claimed (mark_claimed.hpp), in a transaction
 //     whose commit is durable (durable_commit.hpp). A group whose due events
 //     all had their attempts used up is released, and the next one tried.
 #include "pg/arguments.hpp"
@@ -27,6 +30,7 @@
 #include "pg/holder.hpp"
 #include "pg/kept_plan.hpp"
 #include "pg/locks/locks.hpp"
+#include "pg/queue/claim_limit.hpp"
 #include "pg/queue/durable_commit.hpp"
 #include "pg/queue/event_rows.hpp"
 #include "pg/queue/group_lease.hpp"
@@ -85,7 +89,7 @@ KeptPlan lock_group{
     "                             WHERE c.queue = e.queue AND c.item_key = e.item_key"
     "                               AND c.state = 'claimed')))),"
     " locked AS ("
-    "  SELECT e.id, e.state, e.lease_until FROM throttle.event e"
+    "  SELECT e.id, e.state, e.lease_until, e.run_at FROM throttle.event e"
     "  WHERE e.queue = $1 AND e.group_key = $2 AND e.group_key IS NOT NULL"
     "    AND e.state IN ('pending', 'claimed')"
     "    AND (upper(e.state) = 'CLAIMED'"
@@ -95,7 +99,7 @@ KeptPlan lock_group{
     "                               AND c.state = 'claimed')))"
     "  FOR UPDATE OF e SKIP LOCKED)"
     " SELECT (SELECT count(*) FROM due),"
-    "        (SELECT array_agg(l.id ORDER BY l.id) FROM locked l),"
+    "        (SELECT array_agg(l.id ORDER BY l.run_at, l.id) FROM locked l),"
     "        (SELECT coalesce(bool_or(l.state = 'claimed'), false) FROM locked l),"
     "        (SELECT coalesce(bool_or(l.state = 'claimed' AND l.lease_until > $3), false)"
     "         FROM locked l)",
@@ -157,9 +161,11 @@ struct GroupClaim {
     TimestampTz now;
 };
 
-// Claims the due events of `group_key` if the group is free (steps 1-4);
-// how many, their rows in `*rows`.
-uint64 claim_one_group(const GroupClaim& claim, const text* group_key, const SPITupleTable** rows) {
+// Claims the due events of `group_key` if the group is free (steps 1-5);
+// how many, their rows in `*rows`. Sets `*bucket_empty` when the queue's
+// bucket had no unit left.
+uint64 claim_one_group(const GroupClaim& claim, const text* group_key, const SPITupleTable** rows,
+                       bool* bucket_empty) {
     RegistryKey key;
     group_lease_key(DatumGetTextPP(claim.queue), group_key, &key);
     const int64 token = group_lease_take(key, claim.lease_us, *claim.holder);
@@ -189,6 +195,15 @@ uint64 claim_one_group(const GroupClaim& claim, const text* group_key, const SPI
         lock_release(key, token);
         return 0;
     }
+    const int64 allowed = claim_limit(DatumGetTextPP(claim.queue), locked, claim.now);
+    if (allowed == 0) {  // the queue's bucket is empty: no group now
+        lock_release(key, token);
+        *bucket_empty = true;
+        return 0;
+    }
+    if (allowed < locked) {  // the oldest events, as many as the bucket gave units for
+        ids = first_ids(ids, static_cast<int>(allowed));
+    }
     const ClaimRequest request{ids,   any_claimed, claim.worker,      claim.lease,
                                token, claim.now,   ClaimOrder::kRunAt};
     const uint64 claimed = mark_claimed(request, rows);
@@ -196,6 +211,41 @@ uint64 claim_one_group(const GroupClaim& claim, const text* group_key, const SPI
         lock_release(key, token);
     }
     return claimed;
+}
+
+// Reads the candidates of one pass (expired group claims, or due grouped
+// events) in batches and claims the first free group not tried yet; how many
+// events, their rows in `*rows`. Stops at an empty bucket (`*bucket_empty`).
+uint64 claim_from_pass(const GroupClaim& claim, KeptPlan* pass, HTAB* tried,
+                       const SPITupleTable** rows, bool* bucket_empty) {
+    TimestampTz after_at = DT_NOBEGIN;
+    int64 after_id = 0;
+    for (;;) {
+        Datum args[4] = {claim.queue, TimestampTzGetDatum(claim.now), TimestampTzGetDatum(after_at),
+                         Int64GetDatum(after_id)};
+        run_kept_plan(pass, args, nullptr, SPI_OK_SELECT, kCandidateBatch);
+        SPITupleTable* candidates = SPI_tuptable;  // the claims below run other statements
+        const uint64 count = SPI_processed;
+        if (count == 0) {
+            return 0;
+        }
+        for (uint64 i = 0; i < count; i++) {
+            const HeapTuple row = candidates->vals[i];
+            const TupleDesc desc = candidates->tupdesc;
+            bool is_null = true;
+            const text* group_key = DatumGetTextPP(SPI_getbinval(row, desc, 1, &is_null));
+            after_at = DatumGetTimestampTz(SPI_getbinval(row, desc, 2, &is_null));
+            after_id = DatumGetInt64(SPI_getbinval(row, desc, 3, &is_null));
+            if (tried_before(tried, group_key)) {
+                continue;
+            }
+            const uint64 claimed = claim_one_group(claim, group_key, rows, bucket_empty);
+            if (claimed > 0 || *bucket_empty) {
+                return claimed;
+            }
+        }
+        SPI_freetuptable(candidates);
+    }
 }
 
 // (queue text, worker text, lease interval) -> SETOF throttle.event
@@ -218,44 +268,21 @@ Datum claim_group(FunctionCallInfo fcinfo) {
         elog(ERROR, "SPI_connect failed");
     }
     HTAB* tried = tried_groups_create();
-    KeptPlan* const passes[2] = {&expired_group_claims, &due_grouped_events};
-    for (KeptPlan* pass : passes) {
-        TimestampTz after_at = DT_NOBEGIN;
-        int64 after_id = 0;
-        for (;;) {
-            Datum args[4] = {claim.queue, TimestampTzGetDatum(claim.now),
-                             TimestampTzGetDatum(after_at), Int64GetDatum(after_id)};
-            run_kept_plan(pass, args, nullptr, SPI_OK_SELECT, kCandidateBatch);
-            SPITupleTable* candidates =
-                SPI_tuptable;  // the group claims below run other statements
-            const uint64 count = SPI_processed;
-            if (count == 0) {
-                break;
-            }
-            for (uint64 i = 0; i < count; i++) {
-                const HeapTuple row = candidates->vals[i];
-                bool is_null = true;
-                const Datum group_key = SPI_getbinval(row, candidates->tupdesc, 1, &is_null);
-                after_at =
-                    DatumGetTimestampTz(SPI_getbinval(row, candidates->tupdesc, 2, &is_null));
-                after_id = DatumGetInt64(SPI_getbinval(row, candidates->tupdesc, 3, &is_null));
-                const text* key = DatumGetTextPP(group_key);
-                if (tried_before(tried, key)) {
-                    continue;
-                }
-                const SPITupleTable* claimed_rows = nullptr;
-                const uint64 claimed = claim_one_group(claim, key, &claimed_rows);
-                if (claimed > 0) {
-                    require_durable_commit();
-                    return_events(fcinfo, claimed_rows, claimed);
-                    SPI_finish();
-                    return static_cast<Datum>(0);
-                }
-            }
-            SPI_freetuptable(candidates);
+    const SPITupleTable* rows = nullptr;
+    uint64 claimed = 0;
+    bool bucket_empty = false;
+    for (KeptPlan* pass : {&expired_group_claims, &due_grouped_events}) {
+        claimed = claim_from_pass(claim, pass, tried, &rows, &bucket_empty);
+        if (claimed > 0 || bucket_empty) {
+            break;
         }
     }
-    InitMaterializedSRF(fcinfo, 0);
+    if (claimed > 0) {
+        require_durable_commit();
+        return_events(fcinfo, rows, claimed);
+    } else {
+        InitMaterializedSRF(fcinfo, 0);
+    }
     SPI_finish();
     return static_cast<Datum>(0);
 }
