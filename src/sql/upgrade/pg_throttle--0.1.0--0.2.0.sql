@@ -212,32 +212,30 @@ BEGIN
               USING ERRCODE = CASE WHEN problem LIKE '%NULL' THEN 'null_value_not_allowed'
                                    ELSE 'invalid_parameter_value' END;
     END IF;
-    -- Distinct item_keys, tried first as new events (the common case): a
-    -- plain INSERT costs less than ON CONFLICT's speculative one, and less
-    -- than looking the keys up first. When one of them has a pending event
-    -- it raises unique_violation, and the general statement below runs.
-    IF (SELECT count(DISTINCT k COLLATE "C") FROM unnest(item_keys) AS k) = n THEN
-        BEGIN
-            WITH batch AS (
-                SELECT b.k AS item_key, b.r AS run_at, coalesce(b.p, '{}') AS payload, b.g AS group_key,
-                       b.ord
-                FROM unnest(item_keys, run_at, payloads, group_keys) WITH ORDINALITY AS b(k, r, p, g, ord)),
-            scheduled AS (
-                INSERT INTO throttle.event AS e (queue, item_key, group_key, payload, run_at, max_attempts,
-                                                 enqueued_at, enqueued_by, priority)
-                SELECT queue, b.item_key, b.group_key, b.payload, b.run_at, max_attempts, now, caller,
-                       priority
-                FROM batch b ORDER BY b.item_key COLLATE "C"
-                RETURNING e.id, e.item_key, e.run_at)
-            SELECT (SELECT array_agg(s.id ORDER BY b.ord) FROM batch b JOIN scheduled s USING (item_key)),
-                   (SELECT array_agg(s.id ORDER BY s.id) FROM scheduled s WHERE s.run_at <= now)
-            INTO ids, due;
-            PERFORM pg_notify(queue, d::text) FROM unnest(due) AS d;
-            RETURN ids;
-        EXCEPTION WHEN unique_violation THEN
-            NULL;  -- one of the item_keys has a pending event
-        END;
-    END IF;
+    -- The keys tried first as new events (the common case): a plain INSERT
+    -- costs less than ON CONFLICT's speculative one, and less than looking
+    -- the keys up first. When one of them has a pending event, or is named
+    -- twice, it raises unique_violation, and the general statement below runs.
+    BEGIN
+        WITH batch AS (
+            SELECT b.k AS item_key, b.r AS run_at, coalesce(b.p, '{}') AS payload, b.g AS group_key,
+                   b.ord
+            FROM unnest(item_keys, run_at, payloads, group_keys) WITH ORDINALITY AS b(k, r, p, g, ord)),
+        scheduled AS (
+            INSERT INTO throttle.event AS e (queue, item_key, group_key, payload, run_at, max_attempts,
+                                             enqueued_at, enqueued_by, priority)
+            SELECT queue, b.item_key, b.group_key, b.payload, b.run_at, max_attempts, now, caller,
+                   priority
+            FROM batch b ORDER BY b.item_key COLLATE "C"
+            RETURNING e.id, e.item_key, e.run_at)
+        SELECT (SELECT array_agg(s.id ORDER BY b.ord) FROM batch b JOIN scheduled s USING (item_key)),
+               (SELECT array_agg(s.id ORDER BY s.id) FROM scheduled s WHERE s.run_at <= now)
+        INTO ids, due;
+        PERFORM pg_notify(queue, d::text) FROM unnest(due) AS d;
+        RETURN ids;
+    EXCEPTION WHEN unique_violation THEN
+        NULL;  -- an item_key with a pending event, or named twice
+    END;
     -- An item_key named more than once ends as its calls one after the
     -- other would leave it: the first call's group_key; the last call's
     -- payload and run_at (replace), the last payload and the earliest run_at
