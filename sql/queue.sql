@@ -266,3 +266,19 @@ SELECT count(*) AS queue_buckets FROM throttle.queue_bucket;
 SELECT count(*) AS unlimited FROM throttle.claim('limited', 'w', max => 10);
 RESET pg_throttle.test_clock;
 DELETE FROM throttle.event WHERE queue = 'limited';
+
+-- A lease that SQL calls positive but that ends before now on the calendar
+-- ('1 month -29 days' on January 31st) is refused, not a claim that has
+-- already expired.
+SET pg_throttle.test_clock = '2031-01-31 12:00:00+00';
+SELECT '1 month -29 days'::interval > interval '0' AS positive_as_sql_compares,
+       throttle.now() + interval '1 month -29 days' < throttle.now() AS ends_before_now;
+SELECT throttle.schedule('calendar', 'c1', '2031-01-31 11:00:00+00') > 0 AS scheduled;
+SELECT throttle.schedule('calendar', 'c2', '2031-01-31 11:00:00+00', group_key => 'g') > 0 AS scheduled;
+SELECT * FROM throttle.claim('calendar', 'w', '1 month -29 days');
+SELECT * FROM throttle.claim_group('calendar', 'w', '1 month -29 days');
+SELECT array_agg(id) AS cal_ids, min(claim_token) AS cal_token FROM throttle.claim('calendar', 'w', '1 day') \gset
+SELECT throttle.extend(:'cal_ids', :cal_token, '1 month -29 days');
+SELECT throttle.extend(:'cal_ids', :cal_token, '1 month') AS extended;
+RESET pg_throttle.test_clock;
+DELETE FROM throttle.event WHERE queue = 'calendar';

@@ -40,6 +40,17 @@ void require_positive_interval(const Interval* interval, const char* what) {
     }
 }
 
+void require_ends_after(TimestampTz now, const Interval* interval, const char* what) {
+    const TimestampTz end = DatumGetTimestampTz(DirectFunctionCall2(
+        timestamptz_pl_interval, TimestampTzGetDatum(now), IntervalPGetDatum(interval)));
+    if (end <= now) {
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("%s must end after now", what),
+                 errdetail("Added to now on the calendar, it ends at or before now."),
+                 errhint("Give it in days, hours or less rather than months minus days.")));
+    }
+}
+
 core::Micros positive_interval(const Interval* interval, const char* what) {
     const int infinity = compat_interval_infinity(interval);
     if (infinity > 0) {

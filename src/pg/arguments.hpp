@@ -19,6 +19,11 @@ core::Micros positive_interval(const Interval* interval, const char* what);
 // sets no upper bound, for intervals that SQL adds to a timestamp.
 void require_positive_interval(const Interval* interval, const char* what);
 
+// Raises 22023 naming `what` unless `now` + `interval`, as SQL adds them
+// (months and days on the calendar), is later than `now`: '1 month -29 days'
+// is positive as SQL compares intervals, yet ends before now in February.
+void require_ends_after(TimestampTz now, const Interval* interval, const char* what);
+
 // How long a caller may wait: argument `n` as microseconds, kNever when it is
 // NULL (no limit); raises 22023 naming `what` when negative, 22008 when too large.
 core::Micros optional_wait(FunctionCallInfo fcinfo, int n, const char* what);

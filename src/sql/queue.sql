@@ -617,6 +617,11 @@ DECLARE
 BEGIN
     PERFORM throttle._require(ids, 'ids'), throttle._require(token, 'token');
     PERFORM throttle._positive(lease, 'lease');
+    IF now + lease <= now THEN
+        RAISE EXCEPTION 'lease must end after now' USING ERRCODE = 'invalid_parameter_value',
+              DETAIL = 'Added to now on the calendar, it ends at or before now.',
+              HINT = 'Give it in days, hours or less rather than months minus days.';
+    END IF;
     PERFORM throttle._lock_claim(ids, token);
     -- A claim whose lease has ended is not revived: another worker may be
     -- claiming its events at this moment.

@@ -103,6 +103,7 @@ Datum claim(FunctionCallInfo fcinfo) {
     registry_require();
     const Datum queue = PG_GETARG_DATUM(0);
     const Datum now = TimestampTzGetDatum(clock_now());
+    require_ends_after(DatumGetTimestampTz(now), lease, "lease");
 
     if (SPI_connect() != SPI_OK_CONNECT) {
         elog(ERROR, "SPI_connect failed");

@@ -257,12 +257,14 @@ Datum claim_group(FunctionCallInfo fcinfo) {
     require_positive_interval(lease, "lease");
     registry_require();
     const Holder holder = holder_from_argument(fcinfo, 1);
+    const TimestampTz now = clock_now();
+    require_ends_after(now, lease, "lease");
     const GroupClaim claim{PG_GETARG_DATUM(0),
                            PG_GETARG_DATUM(1),
                            PG_GETARG_DATUM(2),
                            positive_interval(lease, "lease"),
                            &holder,
-                           clock_now()};
+                           now};
 
     if (SPI_connect() != SPI_OK_CONNECT) {
         elog(ERROR, "SPI_connect failed");
