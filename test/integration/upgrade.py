@@ -131,7 +131,7 @@ STATES = "SELECT state, item_key, attempts, claimed_by FROM throttle.event ORDER
 
 
 def main():
-    tap = Tap(15)
+    tap = Tap(16)
     admin = connect()
     recreate(admin, OLD_DB)
     recreate(admin, FRESH_DB)
@@ -158,6 +158,13 @@ def main():
     old = connect(dbname=OLD_DB)
     tap.is_(one(old, "SELECT throttle.lock('migration', ttl => '30 seconds')")[0], None,
             "after the restart into the new module, the 0.1.0 lease is still held")
+    # Until ALTER EXTENSION UPDATE runs, the 0.1.0 functions run on the new
+    # library: every C symbol they name must still be there.
+    execute(old, "BEGIN")
+    execute(old, "SELECT throttle.schedule('legacy', 'l1', now(), group_key => 'g')")
+    tap.is_(one(old, "SELECT count(*) FROM throttle.claim_group('legacy', 'w', '1 minute')")[0], 1,
+            "before the update, 0.1.0's claim_group works on the new module")
+    execute(old, "ROLLBACK")
     execute(old, "ALTER EXTENSION pg_throttle UPDATE")
     tap.is_(one(old, "SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle'")[0],
             one(admin, "SELECT default_version FROM pg_available_extensions WHERE name = 'pg_throttle'")[0],

@@ -84,6 +84,23 @@ void group_key(FunctionCallInfo fcinfo, RegistryKey* key) {
     group_lease_key(PG_GETARG_TEXT_PP(0), PG_GETARG_TEXT_PP(1), key);
 }
 
+// (queue, group_key, worker, lease) -> the claim's fence token, or NULL.
+// 0.2.0 has no SQL function for it (claim_group takes the lease natively);
+// the symbol stays for 0.1.0's throttle._group_take, which that version's
+// claim_group calls until ALTER EXTENSION pg_throttle UPDATE has run.
+Datum group_take(FunctionCallInfo fcinfo) {
+    registry_require();
+    RegistryKey key;
+    group_key(fcinfo, &key);
+    require_not_null(fcinfo, 3, "lease");
+    const int64 lease = positive_interval(PG_GETARG_INTERVAL_P(3), "lease");
+    const int64 token = group_lease_take(key, lease, holder_from_argument(fcinfo, 2));
+    if (token == 0) {
+        PG_RETURN_NULL();
+    }
+    PG_RETURN_INT64(token);
+}
+
 // (queue, group_key, token) -> released.
 Datum group_release(FunctionCallInfo fcinfo) {
     registry_require();
@@ -126,6 +143,7 @@ Datum group_renew(FunctionCallInfo fcinfo) {
 }  // namespace
 }  // namespace pg_throttle::pg
 
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_group_take, pg_throttle::pg::group_take)
 PG_THROTTLE_SQL_FUNCTION(pg_throttle_group_release, pg_throttle::pg::group_release)
 PG_THROTTLE_SQL_FUNCTION(pg_throttle_group_release_at_commit,
                          pg_throttle::pg::group_release_at_commit)
