@@ -240,7 +240,7 @@ SELECT count(throttle.schedule('limited', 'e' || g, '2031-06-01 11:00:00+00')) A
 FROM generate_series(1, 5) g;
 SELECT item_key FROM throttle.claim('limited', 'w', max => 10);
 SELECT count(*) AS bucket_empty FROM throttle.claim('limited', 'w', max => 10);
-SELECT allowed, remaining, retry_after FROM throttle.take('smtp', 0);
+SELECT name, remaining, next_grant_at FROM throttle.status WHERE kind = 'queue_bucket';
 SET pg_throttle.test_clock = '2031-06-01 12:00:20+00';
 SELECT item_key FROM throttle.claim('limited', 'w', max => 10);
 -- claim_group: the group's oldest events, as many as the bucket allows; the
@@ -257,10 +257,14 @@ SELECT throttle.complete(ARRAY(SELECT id FROM throttle.event WHERE queue = 'limi
                                AND group_key = 'G'), :g_token) AS completed;
 SET pg_throttle.test_clock = '2031-06-01 12:02:00+00';
 SELECT item_key, claimed_by FROM throttle.claim_group('limited', 'w-other');
--- The bucket is shared with throttle.take: what take uses, claims cannot.
-SELECT allowed FROM throttle.take('smtp', 1);
-SELECT count(*) AS nothing_left_for_claims FROM throttle.claim('limited', 'w', max => 10);
+-- No throttle.take reaches the queue's units: not even one that pushes a
+-- bucket of the same name a thousand years ahead.
+SELECT allowed FROM throttle.take('smtp', 1, '1000 years', 1, 1);
+SELECT allowed FROM throttle.take('smtp', 1, '1000 years', 1, 1) AS again;
+SELECT count(*) AS still_claimable FROM throttle.claim('limited', 'w', max => 10);
 -- Dropping the bucket drops the limit with it.
+SELECT throttle.schedule('limited', 'e6', '2031-06-01 11:00:00+00') > 0 AS scheduled;
+SELECT count(*) AS bucket_empty FROM throttle.claim('limited', 'w', max => 10);
 DELETE FROM throttle.bucket WHERE name = 'smtp';
 SELECT count(*) AS queue_buckets FROM throttle.queue_bucket;
 SELECT count(*) AS unlimited FROM throttle.claim('limited', 'w', max => 10);
@@ -282,3 +286,24 @@ SELECT throttle.extend(:'cal_ids', :cal_token, '1 month -29 days');
 SELECT throttle.extend(:'cal_ids', :cal_token, '1 month') AS extended;
 RESET pg_throttle.test_clock;
 DELETE FROM throttle.event WHERE queue = 'calendar';
+
+-- A rate-limited claim_group that takes over a group whose expired claims
+-- the bucket cannot all cover: it claims what the units cover, and ends the
+-- rest for their old worker, whose complete then changes nothing.
+SET pg_throttle.test_clock = '2031-06-01 12:00:00+00';
+INSERT INTO throttle.bucket (name, rate, per, burst) VALUES ('fence.bucket', 2, '10 minutes', 2);
+INSERT INTO throttle.queue_bucket (queue, bucket) VALUES ('fence', 'fence.bucket');
+SELECT count(throttle.schedule('fence', 'a' || g, '2031-06-01 11:00:00+00', group_key => 'G'))
+FROM generate_series(1, 2) g;
+SELECT array_agg(id ORDER BY id) AS f_ids, min(claim_token) AS f_token
+FROM throttle.claim_group('fence', 'w1', '1 minute') \gset
+SELECT cardinality(:'f_ids'::bigint[]) AS w1_claimed;
+SET pg_throttle.test_clock = '2031-06-01 12:05:00+00';
+SELECT item_key, claimed_by, attempts FROM throttle.claim_group('fence', 'w2', '1 minute');
+SELECT item_key, state, claimed_by, claim_token IS NULL AS fenced FROM throttle.event
+WHERE queue = 'fence' ORDER BY item_key;
+SELECT throttle.complete(:'f_ids', :f_token) AS old_worker_completes;
+RESET pg_throttle.test_clock;
+DELETE FROM throttle.queue_bucket WHERE queue = 'fence';
+DELETE FROM throttle.bucket WHERE name = 'fence.bucket';
+DELETE FROM throttle.event WHERE queue = 'fence';

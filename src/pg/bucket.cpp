@@ -174,9 +174,10 @@ void bucket_request_from_declaration(FunctionCallInfo fcinfo, int cost_arg,
                PG_GETARG_INT32(cost_arg), request);
 }
 
-void bucket_request_from_declared(const text* name, const DeclaredBucket& declared, int32 cost,
-                                  BucketRequest* request) {
-    bucket_key(name, request);
+void queue_bucket_request(const text* name, const DeclaredBucket& declared, int32 cost,
+                          BucketRequest* request) {
+    registry_make_key(EntryKind::kQueueBucket, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name), "bucket",
+                      &request->key);
     fill_shape(declared.rate, &declared.per, declared.burst_is_null, declared.burst, cost, request);
 }
 

@@ -25,10 +25,10 @@ void bucket_request_from_arguments(FunctionCallInfo fcinfo, BucketRequest* reque
 // declared in throttle.bucket for the key (42704 when there is none).
 void bucket_request_from_declaration(FunctionCallInfo fcinfo, int cost_arg, BucketRequest* request);
 
-// For the bucket `name` with the shape `declared` (throttle.bucket) and
-// `cost`, as throttle.take(name, cost) makes it.
-void bucket_request_from_declared(const text* name, const DeclaredBucket& declared, int32 cost,
-                                  BucketRequest* request);
+// For the queue bucket `name` (EntryKind::kQueueBucket: no throttle.take
+// reaches it) with the shape `declared` in throttle.bucket, and `cost`.
+void queue_bucket_request(const text* name, const DeclaredBucket& declared, int32 cost,
+                          BucketRequest* request);
 
 // Takes as many units as the bucket has now, at most `want` (> 0); how many
 // it took, 0 when it is empty. Each unit taken counts as in throttle.take.

@@ -223,7 +223,11 @@ long reclaim_expired() {
 }
 
 // The kind's crash rule, if its knowledge is incomplete (see EntryOp::born).
+// A queue's bucket follows the rule of buckets.
 std::optional<core::Micros> unknown_since_of(uint8 kind) {
+    if (kind == static_cast<uint8>(EntryKind::kQueueBucket)) {
+        kind = static_cast<uint8>(EntryKind::kBucket);
+    }
     const core::Micros since = shared_state->unknown_since[kind];
     if (since == kKnown) {
         return std::nullopt;
@@ -313,6 +317,8 @@ const char* entry_kind_name(EntryKind kind) {
             return "lock";
         case EntryKind::kQueueGroup:
             return "group";
+        case EntryKind::kQueueBucket:
+            return "queue_bucket";
     }
     return "unknown";
 }
@@ -320,7 +326,7 @@ const char* entry_kind_name(EntryKind kind) {
 bool entry_kind_follows_clock(EntryKind kind) {
     // Queue groups stand for throttle.event rows that every clock shares:
     // one key for both, or two workers could hold one group.
-    return kind == EntryKind::kResource || kind == EntryKind::kBucket;
+    return kind == EntryKind::kResource || entry_kind_is_bucket(kind);
 }
 
 void registry_define_gucs() {
@@ -411,7 +417,10 @@ void registry_make_key(EntryKind kind, const char* name, size_t len, const char*
 }
 
 Oid registry_caller_role(EntryKind kind) {
-    return kind == EntryKind::kQueueGroup ? GetOuterUserId() : GetUserId();
+    // The queue's kinds are made inside its SECURITY DEFINER functions: they
+    // count for the session's role, not the extension's owner.
+    return kind == EntryKind::kQueueGroup || kind == EntryKind::kQueueBucket ? GetOuterUserId()
+                                                                             : GetUserId();
 }
 
 void registry_apply(const RegistryKey& key, const EntryOp& op, void* ctx) {
@@ -674,7 +683,7 @@ void registry_notice_promotion() {
         for (PartitionState& partition : shared_state->partitions) {
             for_each_entry(&partition.entries, [&](RegistryEntry* entry) {
                 const auto kind = static_cast<EntryKind>(entry->key.kind);
-                if (kind == EntryKind::kResource || kind == EntryKind::kBucket) {
+                if (kind == EntryKind::kResource || entry_kind_is_bucket(kind)) {
                     remove_entry(entry);
                 }
             });

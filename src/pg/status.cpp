@@ -80,7 +80,7 @@ void emit_status_row(const RegistryEntry& entry, void* ctx) {
     for (int i = 8; i < kStatusColumns; i++) {
         nulls[i] = true;
     }
-    if (kind == EntryKind::kBucket) {
+    if (entry_kind_is_bucket(kind)) {
         for (int i = 8; i < 12; i++) {
             nulls[i] = false;
         }

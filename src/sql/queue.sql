@@ -726,6 +726,43 @@ $$;
 COMMENT ON FUNCTION throttle.retry_dead(text, text, timestamptz) IS
     'Retries the dead events of a queue, those whose last_error is LIKE error_like and that died at or after dead_since when given; one row per event, as throttle.retry(bigint[]).';
 
+-- Claims ended by someone else than their worker (release_group, or a
+-- claim_group that takes over a group without units for all of its expired
+-- claims): pending again, due, their attempts kept, the worker fenced (no
+-- token); cancelled instead when a newer run of the item_key is pending. A
+-- newer run that commits meanwhile shows as a unique violation: then again.
+-- The caller has locked the rows.
+CREATE FUNCTION throttle._fence_claims(ids bigint[], now timestamptz)
+RETURNS SETOF throttle.event
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    FOR attempt IN 1 .. 3 LOOP
+        BEGIN
+            RETURN QUERY
+            UPDATE throttle.event e
+            SET state = CASE WHEN s.superseded THEN 'cancelled' ELSE 'pending' END,
+                cancelled_at = CASE WHEN s.superseded THEN now END,
+                lease_until = NULL, claim_token = NULL
+            FROM (SELECT x.id, EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
+                                       WHERE u.queue = x.queue AND u.item_key = x.item_key
+                                         AND u.state = 'pending') AS superseded
+                  FROM throttle.event x WHERE x.id = ANY (ids)) AS s
+            WHERE s.id = e.id AND e.id = ANY (ids) AND upper(e.state) = 'CLAIMED'
+            RETURNING e.*;
+            RETURN;
+        EXCEPTION WHEN unique_violation THEN
+            PERFORM throttle._newer_run_committed();
+            IF attempt = 3 THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION throttle._fence_claims(bigint[], timestamptz) IS
+    'Internal: ends claims for someone else than their worker: pending again with their attempts kept (cancelled when a newer run of their item_key is pending), without a token.';
+
 CREATE FUNCTION throttle._group_reset(queue text, group_key text)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'pg_throttle_group_reset'
@@ -747,32 +784,12 @@ BEGIN
       AND x.group_key IS NOT NULL AND x.state = 'claimed'
     ORDER BY x.id
     FOR UPDATE;
-    -- An event whose item_key has a newer run pending is superseded by it;
-    -- one that commits meanwhile shows as a unique violation: then again.
-    FOR attempt IN 1 .. 3 LOOP
-        BEGIN
-            WITH r AS (
-                UPDATE throttle.event e
-                SET state = CASE WHEN s.superseded THEN 'cancelled' ELSE 'pending' END,
-                    cancelled_at = CASE WHEN s.superseded THEN throttle.now() END,
-                    lease_until = NULL, claim_token = NULL
-                FROM (SELECT x.id, EXISTS (SELECT 1 FROM throttle.event u
-                                           WHERE u.queue = x.queue AND u.item_key = x.item_key
-                                             AND u.state = 'pending') AS superseded
-                      FROM throttle.event x
-                      WHERE x.queue = release_group.queue AND x.group_key = release_group.group_key
-                        AND x.group_key IS NOT NULL AND x.state = 'claimed') AS s  -- event_claimed_groups
-                WHERE s.id = e.id AND e.state = 'claimed'
-                RETURNING e.*)
-            SELECT array_agg(r) INTO ended FROM r;
-            EXIT;
-        EXCEPTION WHEN unique_violation THEN
-            PERFORM throttle._newer_run_committed();
-            IF attempt = 3 THEN
-                RAISE;
-            END IF;
-        END;
-    END LOOP;
+    SELECT array_agg(f) INTO ended
+    FROM throttle._fence_claims(ARRAY(SELECT x.id FROM throttle.event x  -- event_claimed_groups
+                                      WHERE x.queue = release_group.queue
+                                        AND x.group_key = release_group.group_key
+                                        AND x.group_key IS NOT NULL AND x.state = 'claimed'),
+                                throttle.now()) AS f;
     -- Until this commits the rows still say claimed, which keeps the group
     -- from every other worker.
     PERFORM throttle._group_reset(queue, group_key);

@@ -46,8 +46,34 @@ def worker(n, errors, claimed):
         conn.close()
 
 
+def held_claim_locks_no_more(tap, admin):
+    """A claim whose transaction stays open locks no more events than the
+    bucket let it claim: another worker gets the next unit's event at once."""
+    cur = admin.cursor()
+    cur.execute("DELETE FROM throttle.event WHERE queue = 'qr.held'")
+    cur.execute("DELETE FROM throttle.bucket WHERE name = 'qr.one'")
+    cur.execute("INSERT INTO throttle.bucket (name, rate, per, burst) VALUES ('qr.one', 1, '1 second', 1)")
+    cur.execute("INSERT INTO throttle.queue_bucket (queue, bucket) VALUES ('qr.held', 'qr.one')")
+    cur.execute("SELECT count(throttle.schedule('qr.held', 'h' || g, now() - interval '1 minute')) "
+                "FROM generate_series(1, 5) g")
+    first = connect(autocommit=False)
+    got_first = one(first, "SELECT count(*) FROM throttle.claim('qr.held', 'w1', '1 minute', 5)")[0]
+    time.sleep(1.2)
+    second = connect()
+    got_second = one(second, "SELECT count(*) FROM throttle.claim('qr.held', 'w2', '1 minute', 5)")[0]
+    first.commit()
+    tap.ok(got_first == 1 and got_second == 1,
+           "a claim held open in its transaction locks only the events its units cover: "
+           "the next worker gets the next unit's event",
+           f"first {got_first}, second {got_second}")
+    first.close()
+    second.close()
+    cur.execute("DELETE FROM throttle.queue_bucket WHERE queue = 'qr.held'")
+    cur.execute("DELETE FROM throttle.event WHERE queue = 'qr.held'")
+
+
 def main():
-    tap = Tap(5)
+    tap = Tap(6)
     admin = connect()
     cur = admin.cursor()
     cur.execute("DELETE FROM throttle.event WHERE queue = %s", (QUEUE,))
@@ -89,6 +115,7 @@ def main():
            f"pending {left[0]}, retried {left[1]}")
     cur.execute("DELETE FROM throttle.queue_bucket WHERE queue = %s", (QUEUE,))
     cur.execute("DELETE FROM throttle.event WHERE queue = %s", (QUEUE,))
+    held_claim_locks_no_more(tap, admin)
     admin.close()
     tap.done()
 

@@ -27,7 +27,7 @@ constexpr const char* kLeaseSnapshot = "pg_throttle.leases";
 // locks die with their sessions; queue groups live in the event table.
 bool worth_keeping(const RegistryEntry& entry, core::Micros now) {
     const auto kind = static_cast<EntryKind>(entry.key.kind);
-    return (kind == EntryKind::kResource || kind == EntryKind::kBucket) && now < entry.expires_at;
+    return (kind == EntryKind::kResource || entry_kind_is_bucket(kind)) && now < entry.expires_at;
 }
 
 struct DumpCount {

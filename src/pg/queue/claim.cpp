@@ -96,8 +96,7 @@ Datum claim(FunctionCallInfo fcinfo) {
     require_not_null(fcinfo, 2, "lease");
     const Interval* lease = PG_GETARG_INTERVAL_P(2);
     require_positive_interval(lease, "lease");
-    const int32 max = PG_GETARG_INT32(3);
-    if (max <= 0) {
+    if (PG_GETARG_INT32(3) <= 0) {
         ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("max must be positive")));
     }
     registry_require();
@@ -107,6 +106,15 @@ Datum claim(FunctionCallInfo fcinfo) {
 
     if (SPI_connect() != SPI_OK_CONNECT) {
         elog(ERROR, "SPI_connect failed");
+    }
+    // A rate-limited queue: no more events locked than its bucket has units for.
+    const ClaimLimit limit = claim_limit_of(PG_GETARG_TEXT_PP(0));
+    const int32 max = static_cast<int32>(
+        claim_limit_available(limit, DatumGetTimestampTz(now), PG_GETARG_INT32(3)));
+    if (max == 0) {
+        InitMaterializedSRF(fcinfo, 0);
+        SPI_finish();
+        return static_cast<Datum>(0);
     }
     Datum expired_args[3] = {queue, now, Int32GetDatum(max)};
     run_kept_plan(&expired_claims, expired_args, nullptr, SPI_OK_SELECT);
@@ -134,15 +142,15 @@ Datum claim(FunctionCallInfo fcinfo) {
         have_level = priority_level(queue, &below, &level);
     }
 
-    const int64 allowed = found == 0 ? 0
-                                     : claim_limit(PG_GETARG_TEXT_PP(0), static_cast<int64>(found),
-                                                   DatumGetTimestampTz(now));
+    const int64 allowed =
+        found == 0 ? 0
+                   : claim_limit_take(limit, DatumGetTimestampTz(now), static_cast<int64>(found));
     if (allowed == 0) {
         InitMaterializedSRF(fcinfo, 0);
         SPI_finish();
         return static_cast<Datum>(0);
     }
-    if (allowed < static_cast<int64>(found)) {  // the queue's bucket gave fewer units
+    if (allowed < static_cast<int64>(found)) {  // others took units meanwhile
         ids = first_ids(ids, static_cast<int>(allowed));
     }
     const int64 token = new_claim_token();

@@ -73,8 +73,9 @@ KeptPlan group_held{
     nullptr};
 
 // The group's due events counted and locked (step 3): how many are due, the
-// ids locked, whether some of them are claims (expired, or held when an
-// extend committed meanwhile), whether some claim among them holds. Both
+// ids locked (claims first, then by run_at), how many of them are claims
+// (expired, or held when an extend committed meanwhile), whether some claim
+// among them holds. Both
 // scans go along event_groups by (queue, group_key): upper(state) keeps the
 // generic plan from reading every claimed event of the queue through
 // event_leases_grouped for the claimed ones.
@@ -99,13 +100,20 @@ KeptPlan lock_group{
     "                               AND c.state = 'claimed')))"
     "  FOR UPDATE OF e SKIP LOCKED)"
     " SELECT (SELECT count(*) FROM due),"
-    "        (SELECT array_agg(l.id ORDER BY l.run_at, l.id) FROM locked l),"
-    "        (SELECT coalesce(bool_or(l.state = 'claimed'), false) FROM locked l),"
+    "        (SELECT array_agg(l.id ORDER BY l.state = 'claimed' DESC, l.run_at, l.id)"
+    "         FROM locked l),"
+    "        (SELECT count(*) FILTER (WHERE l.state = 'claimed') FROM locked l),"
     "        (SELECT coalesce(bool_or(l.state = 'claimed' AND l.lease_until > $3), false)"
     "         FROM locked l)",
     3,
     {TEXTOID, TEXTOID, TIMESTAMPTZOID},
     nullptr};
+
+// Expired claims ended for their worker (throttle._fence_claims).
+KeptPlan fence_claims{"SELECT count(*) FROM throttle._fence_claims($1, $2)",
+                      2,
+                      {INT8ARRAYOID, TIMESTAMPTZOID},
+                      nullptr};
 
 // The groups this call has tried: a hash of their keys, each bucket a chain
 // of the keys with that hash (copies, in the call's memory context).
@@ -153,6 +161,7 @@ bool tried_before(HTAB* tried, const text* group_key) {
 }
 
 struct GroupClaim {
+    const ClaimLimit* limit;
     Datum queue;
     Datum worker;
     Datum lease;
@@ -189,23 +198,33 @@ uint64 claim_one_group(const GroupClaim& claim, const text* group_key, const SPI
     const Datum ids_datum = SPI_getbinval(row, desc, 2, &is_null);
     ArrayType* ids = is_null ? nullptr : DatumGetArrayTypePCopy(ids_datum);
     const int locked = ids == nullptr ? 0 : ArrayGetNItems(ARR_NDIM(ids), ARR_DIMS(ids));
-    const bool any_claimed = DatumGetBool(SPI_getbinval(row, desc, 3, &is_null));
+    const int64 claims = DatumGetInt64(SPI_getbinval(row, desc, 3, &is_null));
     const bool any_holding = DatumGetBool(SPI_getbinval(row, desc, 4, &is_null));
     if (locked == 0 || locked < due || any_holding) {
         lock_release(key, token);
         return 0;
     }
-    const int64 allowed = claim_limit(DatumGetTextPP(claim.queue), locked, claim.now);
+    const int64 allowed = claim_limit_take(*claim.limit, claim.now, locked);
     if (allowed == 0) {  // the queue's bucket is empty: no group now
         lock_release(key, token);
         *bucket_empty = true;
         return 0;
     }
-    if (allowed < locked) {  // the oldest events, as many as the bucket gave units for
+    if (allowed < locked) {
+        // Expired claims first, then the oldest events, as many as the bucket
+        // gave units for. Expired claims left out are ended for their worker
+        // now, or it could still complete them while this claim holds the group.
+        if (allowed < claims) {
+            Datum fence_args[2] = {PointerGetDatum(ids_after(ids, static_cast<int>(allowed),
+                                                             static_cast<int>(claims))),
+                                   TimestampTzGetDatum(claim.now)};
+            run_kept_plan(&fence_claims, fence_args, nullptr, SPI_OK_SELECT);
+        }
         ids = first_ids(ids, static_cast<int>(allowed));
     }
-    const ClaimRequest request{ids,   any_claimed, claim.worker,      claim.lease,
-                               token, claim.now,   ClaimOrder::kRunAt};
+    const ClaimRequest request{
+        ids,       claims > 0 && allowed > 0, claim.worker, claim.lease, token,
+        claim.now, ClaimOrder::kRunAt};
     const uint64 claimed = mark_claimed(request, rows);
     if (claimed == 0) {  // every due event was out of attempts
         lock_release(key, token);
@@ -259,16 +278,19 @@ Datum claim_group(FunctionCallInfo fcinfo) {
     const Holder holder = holder_from_argument(fcinfo, 1);
     const TimestampTz now = clock_now();
     require_ends_after(now, lease, "lease");
-    const GroupClaim claim{PG_GETARG_DATUM(0),
-                           PG_GETARG_DATUM(1),
-                           PG_GETARG_DATUM(2),
-                           positive_interval(lease, "lease"),
-                           &holder,
-                           now};
+    const int64 lease_us = positive_interval(lease, "lease");
 
     if (SPI_connect() != SPI_OK_CONNECT) {
         elog(ERROR, "SPI_connect failed");
     }
+    const ClaimLimit limit = claim_limit_of(PG_GETARG_TEXT_PP(0));
+    if (claim_limit_available(limit, now, 1) == 0) {  // an empty bucket: no group now
+        InitMaterializedSRF(fcinfo, 0);
+        SPI_finish();
+        return static_cast<Datum>(0);
+    }
+    const GroupClaim claim{
+        &limit, PG_GETARG_DATUM(0), PG_GETARG_DATUM(1), PG_GETARG_DATUM(2), lease_us, &holder, now};
     HTAB* tried = tried_groups_create();
     const SPITupleTable* rows = nullptr;
     uint64 claimed = 0;

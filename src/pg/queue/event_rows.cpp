@@ -15,7 +15,8 @@ ArrayType* spi_ids(uint64* count) {
         ids[i] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &is_null);
     }
     *count = n;
-    return construct_array(ids, static_cast<int>(n), INT8OID, sizeof(int64), true, TYPALIGN_DOUBLE);
+    return construct_array(ids, static_cast<int>(n), INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
+                           TYPALIGN_DOUBLE);
 }
 
 ArrayType* concat_ids(ArrayType* first, ArrayType* second) {
