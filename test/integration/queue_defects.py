@@ -87,7 +87,7 @@ def claim_group_during(tap, admin, queue, change, what):
 
 
 def main():
-    tap = Tap(43)
+    tap = Tap(44)
     admin = connect()
     cur = admin.cursor()
 
@@ -423,6 +423,28 @@ def main():
             "two retries crossing two keys: no deadlock; the second finds both keys retried")
     a_conn.close()
     b_conn.close()
+
+    # 44: release_group while a newer run of one of the group's item_keys
+    # commits: that event is superseded, the other handed back, each once.
+    fresh(cur, "d.release")
+    cur.execute("SELECT throttle.schedule('d.release', 'k1', now(), group_key => 'g')")
+    cur.execute("SELECT throttle.schedule('d.release', 'k2', now(), group_key => 'g')")
+    one(admin, "SELECT count(*) FROM throttle.claim_group('d.release', 'w1', '5 minutes')")
+    producer = connect(autocommit=False)
+    execute(producer, "SELECT throttle.schedule('d.release', 'k2', now())")
+    operator = connect()
+    result, _, thread = timed(operator, "SELECT throttle.release_group('d.release', 'g')")
+    time.sleep(0.3)
+    producer.commit()
+    thread.join(timeout=30)
+    tap.is_((result.get("rows"), result.get("error"),
+             one(admin, "SELECT array_agg(item_key || ':' || state ORDER BY id) FROM throttle.event "
+                        "WHERE queue = 'd.release'")[0]),
+            ([(2,)], None, ["k1:pending", "k2:cancelled", "k2:pending"]),
+            "a newer run committed while release_group waits for it: two events handed back, "
+            "counted once each")
+    producer.close()
+    operator.close()
     b.close()
     admin.close()
     tap.done()

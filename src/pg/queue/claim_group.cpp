@@ -18,9 +18,9 @@
 //     when a locked event turns out claimed with a lease that holds (an
 //     extend that committed meanwhile). A pending event whose item_key has a
 //     claimed run waits for it;
-//  4. a queue whose claims a bucket limits keeps the oldest of them, as many
-//     as the bucket gives units (claim_limit.hpp); none when it is empty,
-//     and then the call ends;
+//  4. a queue whose claims a bucket limits keeps its expired claims first,
+//     then the oldest events, as many as the bucket gives units for
+//     (claim_limit.hpp); none when it is empty, and then the call ends;
 //  5. the events are marked claimed (mark_claimed.hpp), in a transaction
 //     whose commit is durable (durable_commit.hpp). A group whose due events
 //     all had their attempts used up is released, and the next one tried.

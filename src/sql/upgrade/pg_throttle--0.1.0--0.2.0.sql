@@ -45,7 +45,7 @@ CREATE TABLE throttle.queue_bucket (
     bucket text NOT NULL REFERENCES throttle.bucket (name) ON UPDATE CASCADE ON DELETE CASCADE
 );
 COMMENT ON TABLE throttle.queue_bucket IS
-    'Rate-limited queues: claim and claim_group of the queue hand out at most as many events as the declared bucket allows, one unit per event; the rest stay pending until it refills. The bucket is the one throttle.take(name) takes from.';
+    'Rate-limited queues: claim and claim_group of the queue hand out at most as many events as the declared bucket allows, one unit per event; the rest stay pending until it refills. throttle.bucket gives the shape; the units are the queue''s own (kind queue_bucket in throttle.status), out of throttle.take''s reach.';
 COMMENT ON COLUMN throttle.queue_bucket.bucket IS 'The name of a bucket declared in throttle.bucket.';
 GRANT SELECT ON throttle.queue_bucket TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('throttle.queue_bucket', '');
@@ -505,21 +505,27 @@ CREATE FUNCTION throttle._fence_claims(ids bigint[], now timestamptz)
 RETURNS SETOF throttle.event
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
+DECLARE
+    fenced throttle.event[];
 BEGIN
+    -- The rows are collected inside the block and returned after it: rows
+    -- that RETURN QUERY had emitted would stay in the result when a unique
+    -- violation rolls the block back.
     FOR attempt IN 1 .. 3 LOOP
         BEGIN
-            RETURN QUERY
-            UPDATE throttle.event e
-            SET state = CASE WHEN s.superseded THEN 'cancelled' ELSE 'pending' END,
-                cancelled_at = CASE WHEN s.superseded THEN now END,
-                lease_until = NULL, claim_token = NULL
-            FROM (SELECT x.id, EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
-                                       WHERE u.queue = x.queue AND u.item_key = x.item_key
-                                         AND u.state = 'pending') AS superseded
-                  FROM throttle.event x WHERE x.id = ANY (ids)) AS s
-            WHERE s.id = e.id AND e.id = ANY (ids) AND upper(e.state) = 'CLAIMED'
-            RETURNING e.*;
-            RETURN;
+            WITH f AS (
+                UPDATE throttle.event e
+                SET state = CASE WHEN s.superseded THEN 'cancelled' ELSE 'pending' END,
+                    cancelled_at = CASE WHEN s.superseded THEN now END,
+                    lease_until = NULL, claim_token = NULL
+                FROM (SELECT x.id, EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
+                                           WHERE u.queue = x.queue AND u.item_key = x.item_key
+                                             AND u.state = 'pending') AS superseded
+                      FROM throttle.event x WHERE x.id = ANY (ids)) AS s
+                WHERE s.id = e.id AND e.id = ANY (ids) AND upper(e.state) = 'CLAIMED'
+                RETURNING e.*)
+            SELECT array_agg(f) INTO fenced FROM f;
+            EXIT;
         EXCEPTION WHEN unique_violation THEN
             PERFORM throttle._newer_run_committed();
             IF attempt = 3 THEN
@@ -527,6 +533,7 @@ BEGIN
             END IF;
         END;
     END LOOP;
+    RETURN QUERY SELECT * FROM unnest(fenced);
 END
 $$;
 COMMENT ON FUNCTION throttle._fence_claims(bigint[], timestamptz) IS
