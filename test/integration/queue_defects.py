@@ -30,10 +30,10 @@ from tap import Tap  # noqa: E402
 PROMPT = 3.0  # seconds: a call that takes longer waited for a row lock
 
 
-def timed(conn, sql, params=None):
-    """Runs sql on conn in a thread and waits up to 10 s for it; returns
-    (result, seconds, thread): result["rows"] holds the rows once it ends,
-    result["error"] the error it raised."""
+def timed(conn, sql, params=None, wait=10):
+    """Runs sql on conn in a thread and waits up to `wait` seconds for it;
+    returns (result, seconds, thread): result["rows"] holds the rows once it
+    ends, result["error"] the error it raised."""
     out = {}
 
     def run():
@@ -47,7 +47,7 @@ def timed(conn, sql, params=None):
     t0 = time.monotonic()
     t = threading.Thread(target=run)
     t.start()
-    t.join(timeout=10)
+    t.join(timeout=wait)
     return out, time.monotonic() - t0, t
 
 

@@ -19,31 +19,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from pgconn import connect, one  # noqa: E402
+from queue_defects import timed  # noqa: E402
 from tap import Tap  # noqa: E402
 
 CLIENTS = 8
 BATCHES = 40
 KEYS = 300
-
-
-def started(conn, sql, params):
-    """Runs sql on conn in a thread; returns (result, thread) once the
-    statement has had a second to finish: result["rows"] holds its rows once
-    it ends, result["error"] the error it raised."""
-    out = {}
-
-    def run():
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql, params)
-                out["rows"] = cur.fetchall()
-        except Exception as e:  # noqa: BLE001 - reported by the caller's checks
-            out["error"] = str(e)
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join(timeout=1)
-    return out, t
 
 
 def fresh(cur, queue):
@@ -60,12 +41,12 @@ def batch_meets_uncommitted(tap, admin, queue, mode, then, want_run_in):
     ocur.execute("SELECT throttle.schedule(%s, 'k2', now() + interval '1 hour', '{\"by\": \"other\"}')", (queue,))
     other_id = ocur.fetchone()[0]
     batcher = connect(options="-c statement_timeout=20s")
-    result, thread = started(
+    result, _, thread = timed(
         batcher,
         "SELECT throttle.schedule_many(%s, ARRAY['k1', 'k2', 'k3'], "
         "ARRAY[now() + interval '2 hours', now() + interval '30 minutes', now()], "
         "ARRAY['{\"by\": \"batch\"}', '{\"by\": \"batch\"}', '{\"by\": \"batch\"}']::jsonb[], "
-        "on_duplicate => %s)", (queue, mode))
+        "on_duplicate => %s)", (queue, mode), wait=1)
     waited = thread.is_alive()
     if then == "commit":
         other.commit()

@@ -96,6 +96,27 @@ COMMENT ON FUNCTION throttle._durable_commit() IS
     'Internal: makes the calling transaction''s commit wait for its flush (and the synchronous standbys), whatever synchronous_commit says: a claim or an extended lease is a promise.';
 REVOKE EXECUTE ON FUNCTION throttle._durable_commit() FROM PUBLIC;
 
+CREATE FUNCTION throttle._check_schedule(queue text, max_attempts integer, on_duplicate text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+#variable_conflict use_column
+BEGIN
+    IF on_duplicate NOT IN ('replace', 'keep_earlier', 'ignore') THEN
+        RAISE EXCEPTION 'on_duplicate must be replace, keep_earlier or ignore'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_attempts <= 0 THEN
+        RAISE EXCEPTION 'max_attempts must be positive' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF queue = '' OR octet_length(queue) > 63 THEN
+        RAISE EXCEPTION 'queue name must have 1 to 63 bytes' USING ERRCODE = 'invalid_parameter_value',
+              DETAIL = 'The queue name is also the NOTIFY channel that workers LISTEN on.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION throttle._check_schedule(text, integer, text) IS
+    'Internal: raises 22023 unless on_duplicate, max_attempts and the queue name are valid for schedule.';
+
 CREATE FUNCTION throttle.schedule(queue text, item_key text, run_at timestamptz,
                                   payload jsonb DEFAULT '{}', group_key text DEFAULT NULL,
                                   max_attempts integer DEFAULT 5, priority integer DEFAULT 0,
@@ -111,17 +132,7 @@ BEGIN
             throttle._require(run_at, 'run_at'), throttle._require(payload, 'payload'),
             throttle._require(max_attempts, 'max_attempts'), throttle._require(priority, 'priority'),
             throttle._require(on_duplicate, 'on_duplicate');
-    IF on_duplicate NOT IN ('replace', 'keep_earlier', 'ignore') THEN
-        RAISE EXCEPTION 'on_duplicate must be replace, keep_earlier or ignore'
-              USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF max_attempts <= 0 THEN
-        RAISE EXCEPTION 'max_attempts must be positive' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF queue = '' OR octet_length(queue) > 63 THEN
-        RAISE EXCEPTION 'queue name must have 1 to 63 bytes' USING ERRCODE = 'invalid_parameter_value',
-              DETAIL = 'The queue name is also the NOTIFY channel that workers LISTEN on.';
-    END IF;
+    PERFORM throttle._check_schedule(queue, max_attempts, on_duplicate);
     IF item_key = '' THEN
         RAISE EXCEPTION 'item_key must not be empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -172,17 +183,7 @@ BEGIN
     PERFORM throttle._require(queue, 'queue'), throttle._require(item_keys, 'item_keys'),
             throttle._require(run_at, 'run_at'), throttle._require(max_attempts, 'max_attempts'),
             throttle._require(priority, 'priority'), throttle._require(on_duplicate, 'on_duplicate');
-    IF on_duplicate NOT IN ('replace', 'keep_earlier', 'ignore') THEN
-        RAISE EXCEPTION 'on_duplicate must be replace, keep_earlier or ignore'
-              USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF max_attempts <= 0 THEN
-        RAISE EXCEPTION 'max_attempts must be positive' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF queue = '' OR octet_length(queue) > 63 THEN
-        RAISE EXCEPTION 'queue name must have 1 to 63 bytes' USING ERRCODE = 'invalid_parameter_value',
-              DETAIL = 'The queue name is also the NOTIFY channel that workers LISTEN on.';
-    END IF;
+    PERFORM throttle._check_schedule(queue, max_attempts, on_duplicate);
     IF coalesce(array_ndims(item_keys), 1) <> 1 OR coalesce(array_ndims(run_at), 1) <> 1
        OR coalesce(array_ndims(payloads), 1) <> 1 OR coalesce(array_ndims(group_keys), 1) <> 1 THEN
         RAISE EXCEPTION 'item_keys, run_at, payloads and group_keys must be one-dimensional arrays'
