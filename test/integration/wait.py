@@ -58,15 +58,20 @@ def main():
     tap.ok(took < 0.1, f"at once (took {took * 1000:.0f} ms)")
 
     # 3. Waiters of one key pass in arrival order, one emission interval apart.
+    # The clock stands still, so the i-th to arrive (0-based) sleeps (i + 1) intervals
+    # from its own arrival. Arrival and return are read on the server's real
+    # clock: a client thread that starts late moves both, not the sleep.
     timed(a, "SELECT throttle.allow('w.fifo', 5, '1 second', 1)")
     waiters = [session() for _ in range(3)]
     finished = {}
-    start = time.monotonic()
 
     def run(i, conn):
         with conn.cursor() as cur:
-            cur.execute("SELECT throttle.wait('w.fifo', 5, '1 second', 1)")
-        finished[i] = time.monotonic() - start
+            cur.execute("SELECT extract(epoch FROM clock_timestamp()), "
+                        "throttle.wait('w.fifo', 5, '1 second', 1), "
+                        "extract(epoch FROM clock_timestamp())")
+            arrived, _, returned = cur.fetchone()
+        finished[i] = (float(arrived), float(returned))
 
     threads = []
     for i, conn in enumerate(waiters):
@@ -76,12 +81,13 @@ def main():
         time.sleep(0.05)
     for t in threads:
         t.join()
-    order = sorted(finished, key=finished.get)
-    tap.is_(order, [0, 1, 2], "waiters return in arrival order")
-    times = [finished[i] for i in range(3)]
-    tap.ok(all(0.2 * (i + 1) <= times[i] < 0.2 * (i + 1) + 0.2 for i in range(3)),
+    arrival = sorted(finished, key=lambda i: finished[i][0])
+    tap.is_(sorted(finished, key=lambda i: finished[i][1]), arrival,
+            "waiters return in arrival order")
+    slept = [finished[i][1] - finished[i][0] for i in arrival]
+    tap.ok(all(0.2 * (i + 1) <= slept[i] < 0.2 * (i + 1) + 0.15 for i in range(3)),
            "each one emission interval (200 ms) after the one before",
-           f"returned after {[round(t, 3) for t in times]} s")
+           f"slept {[round(t, 3) for t in slept]} s from arrival")
 
     # 4. statement_timeout cancels a wait cleanly and gives the reservation back.
     checker = session()
