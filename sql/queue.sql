@@ -307,3 +307,51 @@ RESET pg_throttle.test_clock;
 DELETE FROM throttle.queue_bucket WHERE queue = 'fence';
 DELETE FROM throttle.bucket WHERE name = 'fence.bucket';
 DELETE FROM throttle.event WHERE queue = 'fence';
+
+-- History: every attempt of an event with its outcome, in throttle.event_attempt
+-- (those that ended without completing it) and throttle.attempt_history (all).
+SET pg_throttle.test_clock = '2031-07-01 12:00:00+00';
+SELECT throttle.schedule('hist', 'h1', '2031-07-01 11:00:00+00') AS h1 \gset
+SELECT claim_token AS t1 FROM throttle.claim('hist', 'w1', '1 minute') \gset
+SELECT throttle.fail(ARRAY[:h1]::bigint[], :t1, 'boom', '0 seconds') AS failed;
+SELECT claim_token AS t2 FROM throttle.claim('hist', 'w2', '1 minute') \gset
+SET pg_throttle.test_clock = '2031-07-01 12:05:00+00';
+SELECT claimed_by, attempts FROM throttle.claim('hist', 'w3', '1 minute');
+SELECT attempt, claimed_by, ended_at, outcome, error FROM throttle.attempt_history
+WHERE event_id = :h1 ORDER BY claimed_at, attempt;
+SELECT claim_token AS t3 FROM throttle.event WHERE id = :h1 \gset
+SELECT throttle.complete(ARRAY[:h1]::bigint[], :t3) AS completed;
+SELECT attempt, claimed_by, claimed_at, ended_at, outcome, error FROM throttle.attempt_history
+WHERE event_id = :h1 ORDER BY claimed_at, attempt;
+SELECT state, failed_at, completed_at, completed_by FROM throttle.event WHERE id = :h1;
+-- An expired claim whose attempts are used up: dead, its last attempt expired.
+SELECT throttle.schedule('hist', 'h2', '2031-07-01 11:00:00+00', max_attempts => 1) AS h2 \gset
+SELECT count(*) AS claimed FROM throttle.claim('hist', 'w4', '1 minute');
+SET pg_throttle.test_clock = '2031-07-01 12:10:00+00';
+SELECT count(*) AS nothing_to_claim FROM throttle.claim('hist', 'w5', '1 minute');
+SELECT state, failed_at, completed_by, last_error FROM throttle.event WHERE id = :h2;
+SELECT attempt, claimed_by, ended_at, outcome FROM throttle.attempt_history WHERE event_id = :h2;
+-- A group released by an operator, then claimed again.
+SELECT throttle.schedule('hist', 'g1', '2031-07-01 11:00:00+00', group_key => 'G') AS g1 \gset
+SELECT count(*) AS claimed FROM throttle.claim_group('hist', 'wg1', '1 hour');
+SELECT throttle.release_group('hist', 'G') AS released;
+SELECT count(*) AS claimed FROM throttle.claim_group('hist', 'wg2', '1 hour');
+SELECT attempt, claimed_by, ended_at, outcome FROM throttle.attempt_history
+WHERE event_id = :g1 ORDER BY claimed_at, attempt;
+SELECT failed_at IS NULL AS a_release_is_no_failure FROM throttle.event WHERE id = :g1;
+-- cancel records who cancelled.
+SELECT throttle.schedule('hist', 'c1', '2031-08-01 00:00:00+00') AS c1 \gset
+SELECT throttle.cancel('hist', 'c1') AS cancelled;
+SELECT state, cancelled_at, cancelled_by FROM throttle.event WHERE id = :c1;
+-- The attempts go with their event when purge deletes it.
+SET pg_throttle.test_clock = '2031-09-01 00:00:00+00';
+SELECT count(*) FILTER (WHERE event_id IN (:h1, :h2)) AS finished_events_attempts,
+       count(*) FILTER (WHERE event_id = :g1) AS claimed_events_attempts
+FROM throttle.event_attempt;
+SELECT throttle.purge('1 day', queue => 'hist', states => '{done,dead,cancelled}') AS purged;
+SELECT count(*) FILTER (WHERE event_id IN (:h1, :h2)) AS finished_events_attempts,
+       count(*) FILTER (WHERE event_id = :g1) AS claimed_events_attempts
+FROM throttle.event_attempt;
+RESET pg_throttle.test_clock;
+DELETE FROM throttle.event_attempt WHERE event_id IN (SELECT id FROM throttle.event WHERE queue = 'hist');
+DELETE FROM throttle.event WHERE queue = 'hist';

@@ -27,4 +27,4 @@ SELECT cardinality(ids) AS claimed_again, throttle.complete(ids, token) AS compl
 FROM claimed;
 SELECT state, count(*) FROM throttle.event GROUP BY state;
 -- The suites after this one number their events from 1.
-TRUNCATE throttle.event RESTART IDENTITY;
+TRUNCATE throttle.event, throttle.event_attempt RESTART IDENTITY;

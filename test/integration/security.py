@@ -340,6 +340,9 @@ def privileges(tap):
         ("SELECT throttle._group_release('sec.q', 'g1', 1)", "release a queue group"),
         ("SELECT throttle._group_renew('sec.q', 'g1', 1, '1 minute')", "renew a queue group"),
         ("SET pg_throttle.database_quota = 100", "raise the database quota"),
+        ("INSERT INTO throttle.event_attempt (event_id, attempt, ended_at, outcome) "
+         "SELECT id, 1, now(), 'failed' FROM throttle.event LIMIT 1", "forge an attempt"),
+        ("DELETE FROM throttle.event_attempt", "erase the attempts' history"),
     ]:
         tap.is_(code_of(alice, statement), "42501", f"an ordinary role cannot {what} (42501)")
     one(superuser_in(DB_A), "SELECT throttle.acquire('sec.only-in-a', '1 hour')")
@@ -351,7 +354,7 @@ def privileges(tap):
 
 
 def main():
-    tap = Tap(47)
+    tap = Tap(49)
     admin = connect()
     setup(admin)
     admin_a = superuser_in(DB_A)

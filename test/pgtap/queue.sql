@@ -1,6 +1,6 @@
 -- The event queue: signatures, error codes, privileges, index use.
 BEGIN;
-SELECT plan(35);
+SELECT plan(40);
 SET LOCAL pg_throttle.test_clock = '2038-01-01 00:00:00+00';
 
 SELECT has_table('throttle', 'event', 'catalog table throttle.event');
@@ -42,6 +42,21 @@ SELECT ok(NOT has_table_privilege('public', 'throttle.event', 'INSERT')
     'everyone may read the queue; changes go through the functions');
 SELECT ok(NOT has_column_privilege('public', 'throttle.event', 'claim_token', 'SELECT'),
     'but not the claims'' tokens');
+SELECT ok(has_column_privilege('public', 'throttle.event', 'priority', 'SELECT')
+          AND has_column_privilege('public', 'throttle.event', 'failed_at', 'SELECT')
+          AND has_column_privilege('public', 'throttle.event', 'cancelled_by', 'SELECT'),
+    'every column but claim_token is readable, the newer ones too');
+SELECT has_table('throttle', 'event_attempt', 'catalog table throttle.event_attempt');
+SELECT has_index('throttle', 'event_attempt', 'event_attempt_event', ARRAY['event_id', 'id'],
+    'an event''s attempts are found by index, in order');
+SELECT ok(has_table_privilege('public', 'throttle.event_attempt', 'SELECT')
+          AND NOT has_table_privilege('public', 'throttle.event_attempt', 'INSERT')
+          AND NOT has_table_privilege('public', 'throttle.event_attempt', 'UPDATE')
+          AND NOT has_table_privilege('public', 'throttle.event_attempt', 'DELETE'),
+    'everyone may read the attempts; only the functions write them');
+SELECT columns_are('throttle', 'attempt_history',
+    ARRAY['event_id', 'attempt', 'claimed_at', 'claimed_by', 'claimed_role', 'ended_at', 'outcome', 'error'],
+    'throttle.attempt_history has the documented columns');
 SELECT ok(NOT has_function_privilege('public', 'throttle.purge(interval, text, text[])', 'EXECUTE')
           AND NOT has_function_privilege('public', 'throttle.release_group(text, text)', 'EXECUTE'),
     'only privileged roles may purge and release groups');

@@ -25,12 +25,22 @@ COMMENT ON COLUMN throttle.event.priority IS 'throttle.claim takes due events wi
 DROP INDEX throttle.event_due_single;
 CREATE INDEX event_due_single ON throttle.event (queue, priority DESC, run_at, id)
     WHERE state = 'pending' AND group_key IS NULL;
+
+-- Traceability: when the last attempt failed, who cancelled.
+ALTER TABLE throttle.event ADD COLUMN failed_at timestamptz;
+ALTER TABLE throttle.event ADD COLUMN cancelled_by text;
+COMMENT ON COLUMN throttle.event.failed_at IS 'When its last attempt failed: throttle.fail, or the end of a lease that expired. throttle.event_attempt keeps every attempt that ended without completing it.';
+COMMENT ON COLUMN throttle.event.cancelled_by IS 'Who cancelled it (throttle.cancel''s caller, as enqueued_by); NULL when a newer run of its item_key superseded it.';
 -- Every column but the claim's token.
 REVOKE SELECT ON throttle.event FROM PUBLIC;
 GRANT SELECT (id, queue, item_key, group_key, payload, run_at, state, attempts, max_attempts,
               enqueued_at, enqueued_by, claimed_at, claimed_by, lease_until, completed_at,
-              completed_by, cancelled_at, last_error, claimed_role)
+              completed_by, cancelled_at, last_error, claimed_role, priority, failed_at,
+              cancelled_by)
     ON throttle.event TO PUBLIC;
+-- pg_dump keeps the event ids' sequence with the events (0.1.0 restored
+-- them beside a sequence that started again at 1).
+SELECT pg_catalog.pg_extension_config_dump('throttle.event_id_seq', '');
 DROP FUNCTION throttle.complete(bigint[], text);
 DROP FUNCTION throttle.fail(bigint[], text, text, interval);
 DROP FUNCTION throttle.extend(bigint[], text, interval);
@@ -38,6 +48,41 @@ DROP FUNCTION throttle.extend(bigint[], text, interval);
 DROP FUNCTION throttle.purge(interval);
 -- schedule takes a priority and what to do with a pending duplicate.
 DROP FUNCTION throttle.schedule(text, text, timestamptz, jsonb, text, integer);
+
+-- Every attempt that ended without completing its event.
+CREATE TABLE throttle.event_attempt (
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_id      bigint NOT NULL,
+    attempt       integer NOT NULL,
+    claimed_at    timestamptz,
+    claimed_by    text,
+    claimed_role  oid,
+    ended_at      timestamptz NOT NULL,
+    outcome       text NOT NULL CHECK (outcome IN ('failed', 'expired', 'released')),
+    error         text
+);
+CREATE INDEX event_attempt_event ON throttle.event_attempt (event_id, id);
+COMMENT ON TABLE throttle.event_attempt IS
+    'Every attempt that ended without completing its event: failed (throttle.fail, with its error), expired (its lease ended and another claim took the event over) or released (throttle.release_group). The attempt that completes an event, and the one running, are in the event''s own row; throttle.attempt_history shows all of them. throttle.purge deletes them with their event (no foreign key: it would make every purged event cost a look-up here).';
+COMMENT ON COLUMN throttle.event_attempt.attempt IS 'The event''s attempts count for that claim: 1 for the first (throttle.retry starts again at 1).';
+COMMENT ON COLUMN throttle.event_attempt.ended_at IS 'When it failed or was released; for an expired attempt, the end of its lease.';
+GRANT SELECT ON throttle.event_attempt TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('throttle.event_attempt', '');
+SELECT pg_catalog.pg_extension_config_dump('throttle.event_attempt_id_seq', '');
+
+CREATE VIEW throttle.attempt_history AS
+    SELECT a.event_id, a.attempt, a.claimed_at, a.claimed_by, a.claimed_role, a.ended_at,
+           a.outcome, a.error
+    FROM throttle.event_attempt a
+    UNION ALL
+    SELECT e.id, e.attempts, e.claimed_at, e.claimed_by, e.claimed_role,
+           CASE WHEN e.state = 'done' THEN e.completed_at END,
+           CASE WHEN e.state = 'done' THEN 'completed' ELSE 'claimed' END, NULL
+    FROM throttle.event e
+    WHERE e.state IN ('claimed', 'done');
+COMMENT ON VIEW throttle.attempt_history IS
+    'Every attempt of every event: those that ended without completing it (throttle.event_attempt: failed, expired, released), the one that completed it (completed) and the one running (claimed, ended_at NULL).';
+GRANT SELECT ON throttle.attempt_history TO PUBLIC;
 
 -- Rate-limited claims: a bucket per queue.
 CREATE TABLE throttle.queue_bucket (
@@ -341,6 +386,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     now timestamptz := throttle.now();
     finished throttle.event[];
+    violated text;
 BEGIN
     PERFORM throttle._require(ids, 'ids'), throttle._require(token, 'token');
     IF retry_in IS NOT NULL AND retry_in < interval '0' THEN
@@ -363,6 +409,7 @@ BEGIN
                                  WHEN s.superseded THEN 'cancelled' ELSE 'pending' END,
                     completed_at = CASE WHEN e.attempts >= e.max_attempts THEN now END,
                     completed_by = CASE WHEN e.attempts >= e.max_attempts THEN e.claimed_by END,
+                    failed_at = now,
                     cancelled_at = CASE WHEN e.attempts < e.max_attempts AND s.superseded THEN now END,
                     run_at = CASE WHEN e.attempts >= e.max_attempts OR s.superseded THEN e.run_at
                                   ELSE now + coalesce(retry_in,
@@ -377,8 +424,16 @@ BEGIN
                   AND throttle._acts_as(e.claimed_role)
                 RETURNING e.*)
             SELECT array_agg(f) INTO finished FROM failed f;
+            INSERT INTO throttle.event_attempt (event_id, attempt, claimed_at, claimed_by,
+                                                claimed_role, ended_at, outcome, error)
+            SELECT f.id, f.attempts, f.claimed_at, f.claimed_by, f.claimed_role, now, 'failed', error
+            FROM unnest(finished) AS f ORDER BY f.id;
             EXIT;
         EXCEPTION WHEN unique_violation THEN
+            GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
+            IF violated IS DISTINCT FROM 'event_pending_key' THEN
+                RAISE;
+            END IF;
             PERFORM throttle._newer_run_committed();
             IF attempt = 3 THEN
                 RAISE;
@@ -390,7 +445,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION throttle.fail(bigint[], bigint, text, interval) IS
-    'Records a failed attempt: keeps the error and retries after retry_in, or 10 s * 2^(attempts-1) up to 1 hour; after max_attempts the event is dead, and when its item_key was scheduled again meanwhile it is cancelled, superseded by that newer run. Only through the claim token that holds the events, by the claim''s role; returns how many.';
+    'Records a failed attempt (in throttle.event_attempt, and failed_at): keeps the error and retries after retry_in, or 10 s * 2^(attempts-1) up to 1 hour; after max_attempts the event is dead, and when its item_key was scheduled again meanwhile it is cancelled, superseded by that newer run. Only through the claim token that holds the events, by the claim''s role; returns how many.';
 
 CREATE FUNCTION throttle.extend(ids bigint[], token bigint, lease interval)
 RETURNS integer
@@ -441,6 +496,7 @@ DECLARE
     now timestamptz := throttle.now();
     refused jsonb := '{}';  -- dead events not retried: id -> reason
     done bigint[] := '{}';  -- dead events retried
+    violated text;
 BEGIN
     PERFORM throttle._require(ids, 'ids');
     -- The dead events among ids, locked and brought back in (queue,
@@ -463,6 +519,10 @@ BEGIN
             PERFORM pg_notify(ev.queue, ev.id::text);
             done := done || ev.id;
         EXCEPTION WHEN unique_violation THEN
+            GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
+            IF violated IS DISTINCT FROM 'event_pending_key' THEN
+                RAISE;
+            END IF;
             refused := refused || jsonb_build_object(ev.id, 'its item_key has a newer run, pending or claimed');
         END;
     END LOOP;
@@ -508,6 +568,7 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     fenced throttle.event[];
+    violated text;
 BEGIN
     -- The rows are collected inside the block and returned after it: rows
     -- that RETURN QUERY had emitted would stay in the result when a unique
@@ -518,16 +579,30 @@ BEGIN
                 UPDATE throttle.event e
                 SET state = CASE WHEN s.superseded THEN 'cancelled' ELSE 'pending' END,
                     cancelled_at = CASE WHEN s.superseded THEN now END,
+                    failed_at = CASE WHEN s.expired THEN s.lease_until ELSE e.failed_at END,
                     lease_until = NULL, claim_token = NULL
-                FROM (SELECT x.id, EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
-                                           WHERE u.queue = x.queue AND u.item_key = x.item_key
-                                             AND u.state = 'pending') AS superseded
+                FROM (SELECT x.id, x.lease_until, x.lease_until <= now AS expired,
+                             EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
+                                     WHERE u.queue = x.queue AND u.item_key = x.item_key
+                                       AND u.state = 'pending') AS superseded
                       FROM throttle.event x WHERE x.id = ANY (ids)) AS s
                 WHERE s.id = e.id AND e.id = ANY (ids) AND upper(e.state) = 'CLAIMED'
-                RETURNING e.*)
-            SELECT array_agg(f) INTO fenced FROM f;
+                RETURNING e AS fenced, s.lease_until, s.expired),
+            logged AS (
+                INSERT INTO throttle.event_attempt (event_id, attempt, claimed_at, claimed_by,
+                                                    claimed_role, ended_at, outcome)
+                SELECT (f.fenced).id, (f.fenced).attempts, (f.fenced).claimed_at,
+                       (f.fenced).claimed_by, (f.fenced).claimed_role,
+                       CASE WHEN f.expired THEN f.lease_until ELSE now END,
+                       CASE WHEN f.expired THEN 'expired' ELSE 'released' END
+                FROM f ORDER BY (f.fenced).id)
+            SELECT array_agg(f.fenced) INTO fenced FROM f;
             EXIT;
         EXCEPTION WHEN unique_violation THEN
+            GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
+            IF violated IS DISTINCT FROM 'event_pending_key' THEN
+                RAISE;
+            END IF;
             PERFORM throttle._newer_run_committed();
             IF attempt = 3 THEN
                 RAISE;
@@ -538,7 +613,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION throttle._fence_claims(bigint[], timestamptz) IS
-    'Internal: ends claims for someone else than their worker: pending again with their attempts kept (cancelled when a newer run of their item_key is pending), without a token.';
+    'Internal: ends claims for someone else than their worker: pending again with their attempts kept (cancelled when a newer run of their item_key is pending), without a token. Records each attempt in throttle.event_attempt: expired when its lease had ended, else released.';
 
 CREATE FUNCTION throttle._group_reset(queue text, group_key text)
 RETURNS boolean
@@ -600,16 +675,20 @@ BEGIN
               USING ERRCODE = 'invalid_parameter_value',
                     DETAIL = 'Pending and claimed events are never purged.';
     END IF;
-    DELETE FROM throttle.event e
-    WHERE e.state IN ('done', 'dead', 'cancelled') AND e.state = ANY (states)
-      AND (purge.queue IS NULL OR e.queue = purge.queue)
-      AND coalesce(e.completed_at, e.cancelled_at) < throttle.now() - older_than;
-    GET DIAGNOSTICS purged = ROW_COUNT;
+    WITH gone AS (
+        DELETE FROM throttle.event e
+        WHERE e.state IN ('done', 'dead', 'cancelled') AND e.state = ANY (states)
+          AND (purge.queue IS NULL OR e.queue = purge.queue)
+          AND coalesce(e.completed_at, e.cancelled_at) < throttle.now() - older_than
+        RETURNING e.id),
+    attempts AS (
+        DELETE FROM throttle.event_attempt a USING gone WHERE a.event_id = gone.id)
+    SELECT count(*) INTO purged FROM gone;
     RETURN purged;
 END
 $$;
 COMMENT ON FUNCTION throttle.purge(interval, text, text[]) IS
-    'Deletes finished events that finished more than older_than ago, of one queue or all, in the given states: done and cancelled unless asked; dead events, which nobody has resolved, only when states names them. Returns how many. The only way rows leave the queue.';
+    'Deletes finished events that finished more than older_than ago, of one queue or all, in the given states: done and cancelled unless asked; dead events, which nobody has resolved, only when states names them. Returns how many events; their attempts (throttle.event_attempt) go with them. The only way rows leave the queue.';
 REVOKE EXECUTE ON FUNCTION throttle.purge(interval, text, text[]) FROM PUBLIC;
 
 -- The functions whose definitions changed.
@@ -621,33 +700,58 @@ LANGUAGE C VOLATILE PARALLEL SAFE;
 COMMENT ON FUNCTION throttle._caller() IS
     'Internal: who is calling, for enqueued_by: the role the session acts as (not the owner of a SECURITY DEFINER function), and its application_name.';
 
+CREATE OR REPLACE FUNCTION throttle.cancel(queue text, item_key text)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM throttle._require(queue, 'queue'), throttle._require(item_key, 'item_key');
+    UPDATE throttle.event e SET state = 'cancelled', cancelled_at = throttle.now(),
+           cancelled_by = throttle._caller()
+    WHERE e.queue = cancel.queue AND e.item_key = cancel.item_key AND e.state = 'pending';
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION throttle.cancel(text, text) IS
+    'Cancels the pending event item_key of the queue; false when there is none. The row stays, state cancelled, with cancelled_at and cancelled_by.';
+
 CREATE OR REPLACE FUNCTION throttle._mark_claimed(ids bigint[], worker text, lease interval, token bigint,
                                        now timestamptz)
 RETURNS SETOF throttle.event
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
+    -- The expired claims' attempts end at their lease.
+    INSERT INTO throttle.event_attempt (event_id, attempt, claimed_at, claimed_by, claimed_role,
+                                        ended_at, outcome)
+    SELECT e.id, e.attempts, e.claimed_at, e.claimed_by, e.claimed_role, e.lease_until, 'expired'
+    FROM throttle.event e
+    WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.lease_until <= now
+    ORDER BY e.id;
     -- A claim that expired while a newer run of its item_key waits: the
     -- newer run replaces it.
-    UPDATE throttle.event e SET state = 'cancelled', cancelled_at = now, lease_until = NULL
+    UPDATE throttle.event e SET state = 'cancelled', cancelled_at = now, lease_until = NULL,
+           failed_at = e.lease_until
     WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.lease_until <= now
       AND EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
                   WHERE u.queue = e.queue AND u.item_key = e.item_key AND u.state = 'pending');
     UPDATE throttle.event e SET state = 'dead', completed_at = now, completed_by = e.claimed_by,
-           last_error = coalesce(e.last_error, 'lease expired ' || e.attempts || ' times')
+           last_error = coalesce(e.last_error, 'lease expired ' || e.attempts || ' times'),
+           failed_at = CASE WHEN upper(e.state) = 'CLAIMED' THEN e.lease_until ELSE e.failed_at END
     WHERE e.id = ANY (ids) AND e.attempts >= e.max_attempts
       AND (upper(e.state) = 'PENDING' OR (upper(e.state) = 'CLAIMED' AND e.lease_until <= now));
     RETURN QUERY
     UPDATE throttle.event e
     SET state = 'claimed', claimed_at = now, claimed_by = worker, lease_until = now + lease,
-        claim_token = token, claimed_role = throttle._caller_role(), attempts = e.attempts + 1
+        claim_token = token, claimed_role = throttle._caller_role(), attempts = e.attempts + 1,
+        failed_at = CASE WHEN upper(e.state) = 'CLAIMED' THEN e.lease_until ELSE e.failed_at END
     WHERE e.id = ANY (ids) AND e.attempts < e.max_attempts
       AND (upper(e.state) = 'PENDING' OR (upper(e.state) = 'CLAIMED' AND e.lease_until <= now))
     RETURNING e.*;
 END
 $$;
 COMMENT ON FUNCTION throttle._mark_claimed(bigint[], text, interval, bigint, timestamptz) IS
-    'Internal: claims events for a worker and the calling role with token; makes dead those whose attempts are used up, and cancels expired claims superseded by a newer pending run of their item_key.';
+    'Internal: claims events for a worker and the calling role with token; makes dead those whose attempts are used up, and cancels expired claims superseded by a newer pending run of their item_key. Records the expired claims'' attempts in throttle.event_attempt.';
 
 CREATE OR REPLACE FUNCTION throttle.claim(queue text, worker text, lease interval DEFAULT '5 minutes',
                                max integer DEFAULT 1)
