@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+import psycopg2
+
 sys.path.insert(0, os.path.dirname(__file__))
 from pgconn import connect, one  # noqa: E402
 from tap import Tap  # noqa: E402
@@ -22,6 +24,8 @@ SNAPSHOTS = {
     "resources": "SELECT md5(string_agg(r::text, '|' ORDER BY name)) FROM throttle.resource r",
     "buckets": "SELECT md5(string_agg(b::text, '|' ORDER BY name)) FROM throttle.bucket b",
     "queue buckets": "SELECT md5(string_agg(q::text, '|' ORDER BY queue)) FROM throttle.queue_bucket q",
+    "attempt histories": "SELECT md5(string_agg(h::text, '|' ORDER BY event_id, attempt, outcome)) "
+                         "FROM throttle.attempt_history h",
 }
 
 
@@ -51,7 +55,7 @@ def snapshot(conn):
 
 
 def main():
-    tap = Tap(10)
+    tap = Tap(11)
     admin = connect()
     for db in (SOURCE, TARGET):
         admin.cursor().execute(f"DROP DATABASE IF EXISTS {db}")
@@ -78,9 +82,13 @@ def main():
         tap.is_(after[name], before[name], f"the {name} come back as they were")
     cur = target.cursor()
     cur.execute("SET pg_throttle.test_clock = %s", (CLOCK,))
-    cur.execute("SELECT throttle.schedule('q', 'after-restore', %s)", (CLOCK,))
-    new_id = cur.fetchone()[0]
-    tap.ok(new_id > max_event, f"a new event gets a new id ({new_id} > {max_event})")
+    try:
+        cur.execute("SELECT throttle.schedule('q', 'after-restore', %s)", (CLOCK,))
+        new_id = cur.fetchone()[0]
+    except psycopg2.Error as e:
+        new_id = f"none: {e.pgcode} {e.diag.message_primary}"
+    tap.ok(isinstance(new_id, int) and new_id > max_event,
+           f"a new event gets a new id ({new_id} > {max_event})")
     cur.execute("SELECT id, claim_token FROM throttle.claim('q', 'w3', max => 10) "
                 "WHERE item_key = 'after-restore'")
     row = cur.fetchone()

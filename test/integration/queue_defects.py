@@ -87,7 +87,7 @@ def claim_group_during(tap, admin, queue, change, what):
 
 
 def main():
-    tap = Tap(44)
+    tap = Tap(45)
     admin = connect()
     cur = admin.cursor()
 
@@ -445,6 +445,31 @@ def main():
             "counted once each")
     producer.close()
     operator.close()
+
+    # 45: purge while a dead event comes back and dies again in a transaction
+    # not yet committed: purge deletes the event in its newest version, and
+    # with it the attempt that transaction wrote, which purge's first
+    # snapshot could not see.
+    fresh(cur, "d.purge")
+    cur.execute("SELECT throttle.schedule('d.purge', 'p1', now(), max_attempts => 1)")
+    pid, ptoken = one(admin, "SELECT id, claim_token FROM throttle.claim('d.purge', 'w1')")
+    cur.execute("SELECT throttle.fail(%s, %s, 'first life')", ([pid], ptoken))
+    second = connect(autocommit=False)
+    execute(second, "SELECT throttle.retry(%s)", (pid,))
+    token2 = one(second, "SELECT claim_token FROM throttle.claim('d.purge', 'w2')")[0]
+    execute(second, "SELECT throttle.fail(%s, %s, 'second life')", ([pid], token2))
+    purger = connect()
+    result, _, thread = timed(purger, "SELECT throttle.purge('0 seconds', 'd.purge', '{dead}')")
+    time.sleep(0.3)
+    second.commit()
+    thread.join(timeout=30)
+    tap.is_((result.get("rows"), result.get("error"),
+             one(admin, "SELECT count(*) FROM throttle.event WHERE id = %s", (pid,))[0],
+             one(admin, "SELECT array_agg(error) FROM throttle.event_attempt WHERE event_id = %s", (pid,))[0]),
+            ([(1,)], None, 0, None),
+            "purge of an event that died again while purge waited takes its newest attempts with it")
+    second.close()
+    purger.close()
     b.close()
     admin.close()
     tap.done()

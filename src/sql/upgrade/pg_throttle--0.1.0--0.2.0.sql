@@ -664,6 +664,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     purged bigint;
+    gone_ids bigint[];
 BEGIN
     PERFORM throttle._require(older_than, 'older_than'), throttle._require(states, 'states');
     IF older_than < interval '0' THEN
@@ -680,10 +681,15 @@ BEGIN
         WHERE e.state IN ('done', 'dead', 'cancelled') AND e.state = ANY (states)
           AND (purge.queue IS NULL OR e.queue = purge.queue)
           AND coalesce(e.completed_at, e.cancelled_at) < throttle.now() - older_than
-        RETURNING e.id),
-    attempts AS (
-        DELETE FROM throttle.event_attempt a USING gone WHERE a.event_id = gone.id)
-    SELECT count(*) INTO purged FROM gone;
+        RETURNING e.id)
+    SELECT array_agg(gone.id) INTO gone_ids FROM gone;
+    -- A statement of its own, with a snapshot of its own: a dead event that
+    -- was retried and failed again while the first one ran is deleted in its
+    -- newest version, with attempts that first statement could not see. No
+    -- new attempt can come for these ids: the rows are gone, locked until
+    -- commit.
+    DELETE FROM throttle.event_attempt a WHERE a.event_id = ANY (gone_ids);
+    purged := coalesce(cardinality(gone_ids), 0);
     RETURN purged;
 END
 $$;
