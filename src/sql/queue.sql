@@ -540,22 +540,28 @@ $$;
 COMMENT ON FUNCTION throttle._release_groups(throttle.event[]) IS
     'Internal: releases the group leases of claims that have no claimed event left, when the calling transaction commits, and NOTIFYs the due events of those groups.';
 
--- A newer run of an item_key committed while fail or release_group moved
--- its claimed run back to pending (a unique violation): read committed tries
--- again with it in view; one transaction snapshot (repeatable read,
--- serializable) cannot see it, so the client retries the transaction.
-CREATE FUNCTION throttle._newer_run_committed()
-RETURNS void
+-- A unique violation of event_pending_key while fail or release_group moves
+-- a claimed run back to pending means a newer run of its item_key
+-- committed meanwhile: read committed tries again with it in view (true);
+-- one transaction snapshot (repeatable read, serializable) cannot see it,
+-- so the client retries the transaction (40001). Any other constraint is
+-- not this case (false): the caller raises it as it is.
+CREATE FUNCTION throttle._newer_run_committed(violated text)
+RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
+    IF violated IS DISTINCT FROM 'event_pending_key' THEN
+        RETURN false;
+    END IF;
     IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
         RAISE EXCEPTION 'a newer run of an item_key was scheduled concurrently'
               USING ERRCODE = 'serialization_failure', HINT = 'Retry the transaction.';
     END IF;
+    RETURN true;
 END
 $$;
-COMMENT ON FUNCTION throttle._newer_run_committed() IS
-    'Internal: raises 40001 when a newer run committed under a transaction snapshot that cannot see it.';
+COMMENT ON FUNCTION throttle._newer_run_committed(text) IS
+    'Internal: whether a unique violation of constraint violated is a newer run that committed meanwhile, to be tried again with it in view; raises 40001 under a transaction snapshot that cannot see it.';
 
 -- Locks, in id order, the events of `ids` that the claim `token` holds and
 -- every other event of the group claims they belong to, before complete,
@@ -655,11 +661,7 @@ BEGIN
             EXIT;
         EXCEPTION WHEN unique_violation THEN
             GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
-            IF violated IS DISTINCT FROM 'event_pending_key' THEN
-                RAISE;
-            END IF;
-            PERFORM throttle._newer_run_committed();
-            IF attempt = 3 THEN
+            IF NOT throttle._newer_run_committed(violated) OR attempt = 3 THEN
                 RAISE;
             END IF;
         END;
@@ -840,11 +842,7 @@ BEGIN
             EXIT;
         EXCEPTION WHEN unique_violation THEN
             GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
-            IF violated IS DISTINCT FROM 'event_pending_key' THEN
-                RAISE;
-            END IF;
-            PERFORM throttle._newer_run_committed();
-            IF attempt = 3 THEN
+            IF NOT throttle._newer_run_committed(violated) OR attempt = 3 THEN
                 RAISE;
             END IF;
         END;

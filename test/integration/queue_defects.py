@@ -51,6 +51,17 @@ def timed(conn, sql, params=None, wait=10):
     return out, time.monotonic() - t0, t
 
 
+def while_held(holder, caller, sql, params=None):
+    """Runs sql on caller while holder's transaction stays open, commits that
+    transaction 0.3 s later (sql is waiting for its rows by then), and
+    returns what sql did (as timed() does)."""
+    result, _, thread = timed(caller, sql, params)
+    time.sleep(0.3)
+    holder.commit()
+    thread.join(timeout=30)
+    return result
+
+
 def fresh(cur, queue):
     cur.execute("DELETE FROM throttle.event WHERE queue = %s", (queue,))
 
@@ -304,10 +315,7 @@ def main():
     producer = connect(autocommit=False)
     execute(producer, "SELECT throttle.schedule('d.race', 'k', now(), '{\"v\": 2}')")
     worker = connect()
-    result, _, thread = timed(worker, "SELECT throttle.fail(ARRAY[%s]::bigint[], %s, 'boom')", old)
-    time.sleep(0.3)
-    producer.commit()
-    thread.join(timeout=30)
+    result = while_held(producer, worker, "SELECT throttle.fail(ARRAY[%s]::bigint[], %s, 'boom')", old)
     tap.is_((result.get("rows"), result.get("error"),
              one(admin, "SELECT array_agg(state ORDER BY id) FROM throttle.event WHERE queue = 'd.race'")[0]),
             ([(1,)], None, ["cancelled", "pending"]),
@@ -334,10 +342,7 @@ def main():
     t1 = connect(autocommit=False)
     execute(t1, "SELECT throttle.complete(ARRAY[%s]::bigint[], %s)", (halves[0][0], halves[1]))
     t2 = connect()
-    result, _, thread = timed(t2, "SELECT throttle.complete(ARRAY[%s]::bigint[], %s)", (halves[0][1], halves[1]))
-    time.sleep(0.3)
-    t1.commit()
-    thread.join(timeout=30)
+    result = while_held(t1, t2, "SELECT throttle.complete(ARRAY[%s]::bigint[], %s)", (halves[0][1], halves[1]))
     cur.execute("SELECT throttle.schedule('d.halves', 'e3', now(), group_key => 'g')")
     tap.is_((result.get("rows"), one(b, "SELECT count(*) FROM throttle.claim_group('d.halves', 'w2', '1 minute')")[0]),
             ([(1,)], 1), "two transactions completing halves of one group claim leave the group free")
@@ -433,10 +438,7 @@ def main():
     producer = connect(autocommit=False)
     execute(producer, "SELECT throttle.schedule('d.release', 'k2', now())")
     operator = connect()
-    result, _, thread = timed(operator, "SELECT throttle.release_group('d.release', 'g')")
-    time.sleep(0.3)
-    producer.commit()
-    thread.join(timeout=30)
+    result = while_held(producer, operator, "SELECT throttle.release_group('d.release', 'g')")
     tap.is_((result.get("rows"), result.get("error"),
              one(admin, "SELECT array_agg(item_key || ':' || state ORDER BY id) FROM throttle.event "
                         "WHERE queue = 'd.release'")[0]),
@@ -459,10 +461,7 @@ def main():
     token2 = one(second, "SELECT claim_token FROM throttle.claim('d.purge', 'w2')")[0]
     execute(second, "SELECT throttle.fail(%s, %s, 'second life')", ([pid], token2))
     purger = connect()
-    result, _, thread = timed(purger, "SELECT throttle.purge('0 seconds', 'd.purge', '{dead}')")
-    time.sleep(0.3)
-    second.commit()
-    thread.join(timeout=30)
+    result = while_held(second, purger, "SELECT throttle.purge('0 seconds', 'd.purge', '{dead}')")
     tap.is_((result.get("rows"), result.get("error"),
              one(admin, "SELECT count(*) FROM throttle.event WHERE id = %s", (pid,))[0],
              one(admin, "SELECT array_agg(error) FROM throttle.event_attempt WHERE event_id = %s", (pid,))[0]),

@@ -222,9 +222,8 @@ uint64 claim_one_group(const GroupClaim& claim, const text* group_key, const SPI
         }
         ids = first_ids(ids, static_cast<int>(allowed));
     }
-    const ClaimRequest request{
-        ids,       claims > 0 && allowed > 0, claim.worker, claim.lease, token,
-        claim.now, ClaimOrder::kRunAt};
+    const ClaimRequest request{ids,   claims > 0, claim.worker,      claim.lease,
+                               token, claim.now,  ClaimOrder::kRunAt};
     const uint64 claimed = mark_claimed(request, rows);
     if (claimed == 0) {  // every due event was out of attempts
         lock_release(key, token);

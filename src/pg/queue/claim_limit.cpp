@@ -29,20 +29,4 @@ int64 claim_limit_take(const ClaimLimit& limit, TimestampTz now, int64 wanted) {
     return limit.limited ? bucket_take_up_to(limit.bucket, now, wanted) : wanted;
 }
 
-ArrayType* ids_after(ArrayType* ids, int from, int to) {
-    Datum* elements = nullptr;
-    bool* nulls = nullptr;
-    int total = 0;
-    deconstruct_array(ids, INT8OID, sizeof(int64), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE, &elements,
-                      &nulls, &total);
-    to = std::min(to, total);
-    from = std::min(std::max(from, 0), to);
-    return construct_array(elements + from, to - from, INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
-                           TYPALIGN_DOUBLE);
-}
-
-ArrayType* first_ids(ArrayType* ids, int count) {
-    return ids_after(ids, 0, count);
-}
-
 }  // namespace pg_throttle::pg

@@ -33,11 +33,4 @@ int64 claim_limit_available(const ClaimLimit& limit, TimestampTz now, int64 want
 // (`wanted` when the queue is not limited).
 int64 claim_limit_take(const ClaimLimit& limit, TimestampTz now, int64 wanted);
 
-// The ids of `ids` from position `from` (0-based) up to, not including,
-// `to` (0 <= from < to <= its length), in the current memory context.
-ArrayType* ids_after(ArrayType* ids, int from, int to);
-
-// The first `count` ids of `ids` (0 < count <= its length).
-ArrayType* first_ids(ArrayType* ids, int count);
-
 }  // namespace pg_throttle::pg

@@ -1,4 +1,5 @@
 #include "pg/queue/event_rows.hpp"
+#include <algorithm>
 
 extern "C" {
 #include "utils/array.h"
@@ -6,6 +7,14 @@ extern "C" {
 }
 
 namespace pg_throttle::pg {
+namespace {
+
+// `n` bigint Datums as a bigint[].
+ArrayType* ids_array(Datum* ids, int n) {
+    return construct_array(ids, n, INT8OID, sizeof(int64), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE);
+}
+
+}  // namespace
 
 ArrayType* spi_ids(uint64* count) {
     const uint64 n = SPI_processed;
@@ -15,8 +24,7 @@ ArrayType* spi_ids(uint64* count) {
         ids[i] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &is_null);
     }
     *count = n;
-    return construct_array(ids, static_cast<int>(n), INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
-                           TYPALIGN_DOUBLE);
+    return ids_array(ids, static_cast<int>(n));
 }
 
 ArrayType* concat_ids(ArrayType* first, ArrayType* second) {
@@ -28,6 +36,21 @@ ArrayType* concat_ids(ArrayType* first, ArrayType* second) {
     }
     return DatumGetArrayTypeP(
         DirectFunctionCall2(array_cat, PointerGetDatum(first), PointerGetDatum(second)));
+}
+
+ArrayType* ids_after(ArrayType* ids, int from, int to) {
+    Datum* elements = nullptr;
+    bool* nulls = nullptr;
+    int total = 0;
+    deconstruct_array(ids, INT8OID, sizeof(int64), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE, &elements,
+                      &nulls, &total);
+    to = std::min(to, total);
+    from = std::min(std::max(from, 0), to);
+    return ids_array(elements + from, to - from);
+}
+
+ArrayType* first_ids(ArrayType* ids, int count) {
+    return ids_after(ids, 0, count);
 }
 
 void return_events(FunctionCallInfo fcinfo, const SPITupleTable* rows, uint64 count) {

@@ -327,18 +327,22 @@ $$;
 COMMENT ON FUNCTION throttle.schedule_many(text, text[], timestamptz[], jsonb[], text[], integer, integer, text) IS
     'Schedules a batch of events of one queue in one statement: item_keys[i] at run_at[i] with payloads[i] and group_keys[i] (the arrays have one element per item_key; payloads and group_keys may be NULL for none), as if throttle.schedule ran for each in turn; returns their ids in the order of item_keys (an item_key named twice gets one event, and its id twice). NOTIFYs the queue''s channel with each event that is due.';
 
-CREATE FUNCTION throttle._newer_run_committed()
-RETURNS void
+CREATE FUNCTION throttle._newer_run_committed(violated text)
+RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
+    IF violated IS DISTINCT FROM 'event_pending_key' THEN
+        RETURN false;
+    END IF;
     IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
         RAISE EXCEPTION 'a newer run of an item_key was scheduled concurrently'
               USING ERRCODE = 'serialization_failure', HINT = 'Retry the transaction.';
     END IF;
+    RETURN true;
 END
 $$;
-COMMENT ON FUNCTION throttle._newer_run_committed() IS
-    'Internal: raises 40001 when a newer run committed under a transaction snapshot that cannot see it.';
+COMMENT ON FUNCTION throttle._newer_run_committed(text) IS
+    'Internal: whether a unique violation of constraint violated is a newer run that committed meanwhile, to be tried again with it in view; raises 40001 under a transaction snapshot that cannot see it.';
 
 CREATE FUNCTION throttle._lock_claim(ids bigint[], token bigint)
 RETURNS void
@@ -431,11 +435,7 @@ BEGIN
             EXIT;
         EXCEPTION WHEN unique_violation THEN
             GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
-            IF violated IS DISTINCT FROM 'event_pending_key' THEN
-                RAISE;
-            END IF;
-            PERFORM throttle._newer_run_committed();
-            IF attempt = 3 THEN
+            IF NOT throttle._newer_run_committed(violated) OR attempt = 3 THEN
                 RAISE;
             END IF;
         END;
@@ -600,11 +600,7 @@ BEGIN
             EXIT;
         EXCEPTION WHEN unique_violation THEN
             GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
-            IF violated IS DISTINCT FROM 'event_pending_key' THEN
-                RAISE;
-            END IF;
-            PERFORM throttle._newer_run_committed();
-            IF attempt = 3 THEN
+            IF NOT throttle._newer_run_committed(violated) OR attempt = 3 THEN
                 RAISE;
             END IF;
         END;
