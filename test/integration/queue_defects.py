@@ -52,13 +52,20 @@ def timed(conn, sql, params=None, wait=10):
 
 
 def while_held(holder, caller, sql, params=None):
-    """Runs sql on caller while holder's transaction stays open, commits that
-    transaction 0.3 s later (sql is waiting for its rows by then), and
-    returns what sql did (as timed() does)."""
-    result, _, thread = timed(caller, sql, params)
-    time.sleep(0.3)
+    """Runs sql on caller while holder's transaction stays open; once sql
+    waits for a lock (pg_stat_activity says so, within 10 s), commits
+    holder's transaction and returns what sql did (as timed() does)."""
+    pid = one(caller, "SELECT pg_backend_pid()")[0]
+    watcher = connect()
+    result, _, thread = timed(caller, sql, params, wait=0)
+    deadline = time.monotonic() + 10
+    while thread.is_alive() and time.monotonic() < deadline:
+        if one(watcher, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,))[0]:
+            break
+        time.sleep(0.02)
     holder.commit()
     thread.join(timeout=30)
+    watcher.close()
     return result
 
 

@@ -1,5 +1,4 @@
 #include "pg/queue/event_rows.hpp"
-#include <algorithm>
 
 extern "C" {
 #include "utils/array.h"
