@@ -18,6 +18,9 @@ KeptPlan queue_bucket_query{
     {TEXTOID},
     nullptr};
 
+KeptPlan group_concurrency_query{
+    "SELECT workers FROM throttle.group_concurrency WHERE queue = $1", 1, {TEXTOID}, nullptr};
+
 // Runs `query` for `name`; on the row found, `extract` copies what it needs
 // before SPI memory goes away. Returns whether a row was found.
 bool lookup(KeptPlan* query, const text* name,
@@ -68,6 +71,14 @@ void extract_queue_bucket(HeapTuple row, TupleDesc desc, void* ctx) {
     memcpy(VARDATA(found->name), VARDATA_ANY(name), size - VARHDRSZ);
 }
 
+void extract_int32(HeapTuple row, TupleDesc desc, void* ctx) {
+    bool is_null = false;
+    const Datum value = SPI_getbinval(row, desc, 1, &is_null);
+    if (!is_null) {  // NOT NULL in the catalog
+        *static_cast<int32*>(ctx) = DatumGetInt32(value);
+    }
+}
+
 [[noreturn]] void raise_undeclared(const char* what, const text* name, const char* hint) {
     ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT),
                     errmsg("%s \"%s\" is not declared", what, text_to_cstring(name)),
@@ -105,6 +116,12 @@ bool queue_bucket(const text* queue, text** name, DeclaredBucket* bucket) {
     *name = found.name;
     *bucket = found.bucket;
     return true;
+}
+
+int32 group_concurrency(const text* queue) {
+    int32 workers = 1;
+    (void)lookup(&group_concurrency_query, queue, extract_int32, &workers);
+    return workers;
 }
 
 }  // namespace pg_throttle::pg

@@ -25,4 +25,8 @@ DeclaredBucket declared_bucket(const text* key);
 // the call) and shape.
 bool queue_bucket(const text* queue, text** name, DeclaredBucket* bucket);
 
+// How many workers may hold one group of `queue` at once
+// (throttle.group_concurrency): 1 when the queue is not declared there.
+int32 group_concurrency(const text* queue);
+
 }  // namespace pg_throttle::pg

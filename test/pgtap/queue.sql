@@ -16,7 +16,7 @@ SELECT function_returns('throttle', 'schedule_many', ARRAY['text', 'text[]', 'ti
 SELECT has_function('throttle', 'cancel', ARRAY['text', 'text']);
 SELECT has_function('throttle', 'reschedule', ARRAY['text', 'text', 'timestamp with time zone']);
 SELECT function_returns('throttle', 'claim', ARRAY['text', 'text', 'interval', 'integer'], 'setof throttle.event');
-SELECT function_returns('throttle', 'claim_group', ARRAY['text', 'text', 'interval'], 'setof throttle.event');
+SELECT function_returns('throttle', 'claim_group', ARRAY['text', 'text', 'interval', 'integer'], 'setof throttle.event');
 SELECT function_returns('throttle', 'complete', ARRAY['bigint[]', 'bigint'], 'integer');
 SELECT function_returns('throttle', 'fail', ARRAY['bigint[]', 'bigint', 'text', 'interval'], 'integer');
 SELECT function_returns('throttle', 'extend', ARRAY['bigint[]', 'bigint', 'interval'], 'integer');

@@ -1,6 +1,6 @@
 -- The installed SQL surface: objects, signatures, properties, documentation.
 BEGIN;
-SELECT plan(33);
+SELECT plan(34);
 
 SELECT has_schema('throttle');
 SELECT has_table('throttle', 'resource', 'catalog table throttle.resource');
@@ -60,8 +60,9 @@ SELECT is(
     (SELECT array_agg(c::regclass::text ORDER BY c::regclass::text) FROM pg_extension e, unnest(e.extconfig) AS c
      WHERE e.extname = 'pg_throttle'),
     ARRAY['throttle.bucket', 'throttle.event', 'throttle.event_attempt', 'throttle.event_attempt_id_seq',
-          'throttle.event_id_seq', 'throttle.queue_bucket', 'throttle.resource'],
-    'pg_dump keeps declared resources and buckets, the event queue, its attempts and its rate limits');
+          'throttle.event_id_seq', 'throttle.group_concurrency', 'throttle.queue_bucket',
+          'throttle.resource'],
+    'pg_dump keeps declared resources and buckets, the event queue, its attempts, its rate limits and its group concurrency');
 SELECT is((SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle'),
     (SELECT default_version FROM pg_available_extensions WHERE name = 'pg_throttle'),
     'the installed version is the default version');
@@ -72,6 +73,10 @@ SELECT ok(NOT has_table_privilege('public', 'throttle.resource', 'INSERT'),
 SELECT ok(has_table_privilege('public', 'throttle.bucket', 'SELECT')
           AND NOT has_table_privilege('public', 'throttle.bucket', 'INSERT'),
     'everyone may read declared buckets, only privileged roles may declare them');
+SELECT ok(has_table_privilege('public', 'throttle.group_concurrency', 'SELECT')
+          AND NOT has_table_privilege('public', 'throttle.group_concurrency', 'INSERT')
+          AND NOT has_table_privilege('public', 'throttle.group_concurrency', 'UPDATE'),
+    'everyone may read group concurrency, only privileged roles may declare it');
 
 SELECT * FROM finish();
 ROLLBACK;

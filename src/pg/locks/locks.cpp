@@ -574,6 +574,26 @@ void lock_release_at_transaction_end(const RegistryKey& key, int64 token) {
     release_after_error(key, token);
 }
 
+namespace {
+
+struct HeldToken {
+    core::Micros now;
+    int64 token;
+};
+
+void read_held_token(RegistryEntry* entry, void* ctx) {
+    auto* read = static_cast<HeldToken*>(ctx);
+    read->token = held(*entry, read->now) ? entry->of.lock.token : 0;
+}
+
+}  // namespace
+
+int64 lock_token_held(const RegistryKey& key) {
+    HeldToken read{now_for(key), 0};
+    registry_update_existing(key, read_held_token, &read);
+    return read.token;
+}
+
 bool lock_reset(const RegistryKey& key) {
     refuse_on_standby();
     fence_reserve_ahead();

@@ -40,6 +40,10 @@ RenewResult lock_renew(const RegistryKey& key, int64 token, int64 ttl);
 // and hands out no token (for queue group leases, which have no waiters).
 void lock_release_at_transaction_end(const RegistryKey& key, int64 token);
 
+// The token of the grant that holds the lock of `key` now, or 0 when it is
+// free. Reads only.
+int64 lock_token_held(const RegistryKey& key);
+
 // Ends whatever grant holds the lock of `key` (throttle.reset): the earliest
 // waiter gets it, or it is free. Returns whether it was held.
 bool lock_reset(const RegistryKey& key);

@@ -1,31 +1,34 @@
-// throttle.claim_group(queue, worker, lease): every due event of one group,
-// for one worker, natively: each step is one statement whose plan this
-// backend prepared once (kept_plan.hpp).
+// throttle.claim_group(queue, worker, lease, max): the due events of one
+// group (every one, or up to max), for one worker, natively: each step is
+// one statement whose plan this backend prepared once (kept_plan.hpp).
 //
 // Candidates come in two passes, each read in batches of 64 along an index
 // (keyset, so a call reads only as far as the first free group): groups left
 // behind by a claim whose lease expired, then groups with due events, oldest
 // first. A group already tried in this call is skipped by a hash lookup. For
 // each new candidate:
-//  1. its lease in shared memory (group_lease.hpp): a group another worker
-//     holds costs that one lookup;
-//  2. the table, the durable truth: a claim from before a restart whose
-//     lease holds keeps the group;
-//  3. its due events counted and locked in one statement (one snapshot),
+//  1. a lease slot in shared memory (group_lease.hpp): slot 0, or the first
+//     free one of the N that throttle.group_concurrency gives the queue. A
+//     group whose slots other workers hold costs N lookups;
+//  2. its due events counted and locked in one statement (one snapshot),
 //     never waiting: when another transaction is changing one of them
 //     (cancel, reschedule, extend, or a claim or complete not committed yet)
-//     fewer are locked than counted, and the group is busy, skipped. So it is
-//     when a locked event turns out claimed with a lease that holds (an
-//     extend that committed meanwhile). A pending event whose item_key has a
-//     claimed run waits for it;
-//  4. a queue whose claims a bucket limits keeps its expired claims first,
-//     then the oldest events, as many as the bucket gives units for
-//     (claim_limit.hpp); none when it is empty, and then the call ends;
-//  5. the events are marked claimed (mark_claimed.hpp), in a transaction
+//     fewer are locked than counted, and the group is busy, skipped. The
+//     claims among them whose lease holds are other workers': the table is
+//     the durable truth, so a claim from before a restart counts even though
+//     shared memory forgot it. The group is skipped when those claims, the
+//     other slots' holders and this claim would be more than N. A pending
+//     event whose item_key has a claimed run waits for it;
+//  3. of the rest (expired claims first, then by run_at), up to max, and no
+//     more than a bucket that limits the queue gives units for
+//     (claim_limit.hpp); none when it is empty, and then the call ends.
+//     Expired claims left out are ended for their old worker;
+//  4. the events are marked claimed (mark_claimed.hpp), in a transaction
 //     whose commit is durable (durable_commit.hpp). A group whose due events
 //     all had their attempts used up is released, and the next one tried.
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
+#include "pg/catalog.hpp"
 #include "pg/clock.hpp"
 #include "pg/holder.hpp"
 #include "pg/kept_plan.hpp"
@@ -61,24 +64,13 @@ KeptPlan due_grouped_events{
     {TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID},
     nullptr};
 
-// Whether a claim whose lease holds covers the group: by group
-// (event_claimed_groups), never by lease time, whose index holds many dead
-// entries under churn until vacuum.
-KeptPlan group_held{
-    "SELECT EXISTS (SELECT 1 FROM throttle.event e"
-    "               WHERE e.queue = $1 AND e.group_key = $2 AND e.state = 'claimed'"
-    "                 AND e.group_key IS NOT NULL AND (e.lease_until > $3) IS TRUE)",
-    3,
-    {TEXTOID, TEXTOID, TIMESTAMPTZOID},
-    nullptr};
-
-// The group's due events counted and locked (step 3): how many are due, the
-// ids locked (claims first, then by run_at), how many of them are claims
-// (expired, or held when an extend committed meanwhile), whether some claim
-// among them holds. Both
-// scans go along event_groups by (queue, group_key): upper(state) keeps the
-// generic plan from reading every claimed event of the queue through
-// event_leases_grouped for the claimed ones.
+// The group's due events counted and locked (step 2): how many are due, how
+// many were locked, the ids locked that no claim holds (expired claims first,
+// then by run_at), how many of those are expired claims, and the tokens of
+// the claims among them whose lease holds. Both scans go along event_groups
+// by (queue, group_key): upper(state) keeps the generic plan from reading
+// every claimed event of the queue through event_leases_grouped for the
+// claimed ones.
 KeptPlan lock_group{
     "WITH due AS ("
     "  SELECT e.id FROM throttle.event e"
@@ -90,7 +82,9 @@ KeptPlan lock_group{
     "                             WHERE c.queue = e.queue AND c.item_key = e.item_key"
     "                               AND c.state = 'claimed')))),"
     " locked AS ("
-    "  SELECT e.id, e.state, e.lease_until, e.run_at FROM throttle.event e"
+    "  SELECT e.id, e.state, e.run_at, e.claim_token,"
+    "         e.state = 'claimed' AND (e.lease_until > $3) IS TRUE AS holds"
+    "  FROM throttle.event e"
     "  WHERE e.queue = $1 AND e.group_key = $2 AND e.group_key IS NOT NULL"
     "    AND e.state IN ('pending', 'claimed')"
     "    AND (upper(e.state) = 'CLAIMED'"
@@ -100,11 +94,11 @@ KeptPlan lock_group{
     "                               AND c.state = 'claimed')))"
     "  FOR UPDATE OF e SKIP LOCKED)"
     " SELECT (SELECT count(*) FROM due),"
+    "        (SELECT count(*) FROM locked),"
     "        (SELECT array_agg(l.id ORDER BY l.state = 'claimed' DESC, l.run_at, l.id)"
-    "         FROM locked l),"
-    "        (SELECT count(*) FILTER (WHERE l.state = 'claimed') FROM locked l),"
-    "        (SELECT coalesce(bool_or(l.state = 'claimed' AND l.lease_until > $3), false)"
-    "         FROM locked l)",
+    "         FROM locked l WHERE NOT l.holds),"
+    "        (SELECT count(*) FROM locked l WHERE l.state = 'claimed' AND NOT l.holds),"
+    "        (SELECT array_agg(DISTINCT l.claim_token) FROM locked l WHERE l.holds)",
     3,
     {TEXTOID, TEXTOID, TIMESTAMPTZOID},
     nullptr};
@@ -162,6 +156,8 @@ bool tried_before(HTAB* tried, const text* group_key) {
 
 struct GroupClaim {
     const ClaimLimit* limit;
+    int32 workers;  // how many may hold one group (throttle.group_concurrency)
+    int64 max;      // events per claim; INT64_MAX for every due one
     Datum queue;
     Datum worker;
     Datum lease;
@@ -170,50 +166,93 @@ struct GroupClaim {
     TimestampTz now;
 };
 
-// Claims the due events of `group_key` if the group is free (steps 1-5);
+// Takes the first free lease slot of the group (step 1): its key in `*key`
+// and its token, or 0 when other workers hold every slot.
+int64 take_slot(const GroupClaim& claim, const text* group_key, RegistryKey* key, int* slot) {
+    for (*slot = 0; *slot < claim.workers; (*slot)++) {
+        group_lease_key(DatumGetTextPP(claim.queue), group_key, *slot, key);
+        const int64 token = group_lease_take(*key, claim.lease_us, *claim.holder);
+        if (token != 0) {
+            return token;
+        }
+    }
+    return 0;
+}
+
+// Whether this claim would make more than claim.workers holders of the group:
+// the claims whose lease holds in the table (`held_tokens`, never this
+// claim's), the other slots' holders in shared memory, and this claim.
+bool too_many_holders(const GroupClaim& claim, const text* group_key, int slot,
+                      ArrayType* held_tokens) {
+    if (held_tokens == nullptr) {
+        return false;  // only the slots' holders, at most one per slot
+    }
+    if (claim.workers == 1) {
+        return true;  // a claim holds it: from before a restart, or just extended
+    }
+    Datum* tokens = nullptr;
+    int count = 0;
+    deconstruct_array(held_tokens, INT8OID, sizeof(int64), true, TYPALIGN_DOUBLE, &tokens, nullptr,
+                      &count);
+    int holders = 1 + count;  // this claim and the table's
+    for (int other = 0; other < claim.workers; other++) {
+        if (other == slot) {
+            continue;
+        }
+        RegistryKey key;
+        group_lease_key(DatumGetTextPP(claim.queue), group_key, other, &key);
+        const int64 token = lock_token_held(key);
+        bool in_table = false;
+        for (int i = 0; i < count && !in_table; i++) {
+            in_table = DatumGetInt64(tokens[i]) == token;
+        }
+        if (token != 0 && !in_table) {
+            holders++;
+        }
+    }
+    return holders > claim.workers;
+}
+
+// Claims the due events of `group_key` if the group is free (steps 1-4);
 // how many, their rows in `*rows`. Sets `*bucket_empty` when the queue's
 // bucket had no unit left.
 uint64 claim_one_group(const GroupClaim& claim, const text* group_key, const SPITupleTable** rows,
                        bool* bucket_empty) {
     RegistryKey key;
-    group_lease_key(DatumGetTextPP(claim.queue), group_key, &key);
-    const int64 token = group_lease_take(key, claim.lease_us, *claim.holder);
+    int slot = 0;
+    const int64 token = take_slot(claim, group_key, &key, &slot);
     if (token == 0) {
-        return 0;  // another worker holds the group (shared memory)
+        return 0;  // other workers hold the group (shared memory)
     }
-    const Datum now = TimestampTzGetDatum(claim.now);
-    Datum args[3] = {claim.queue, PointerGetDatum(group_key), now};
-    run_kept_plan(&group_held, args, nullptr, SPI_OK_SELECT, 1);
-    bool is_null = true;
-    const bool held =
-        DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
-    if (held) {  // a claim from before a restart still holds it: the table says so
-        lock_release(key, token);
-        return 0;
-    }
+    Datum args[3] = {claim.queue, PointerGetDatum(group_key), TimestampTzGetDatum(claim.now)};
     run_kept_plan(&lock_group, args, nullptr, SPI_OK_SELECT, 1);
     const HeapTuple row = SPI_tuptable->vals[0];
     const TupleDesc desc = SPI_tuptable->tupdesc;
+    bool is_null = true;
     const int64 due = DatumGetInt64(SPI_getbinval(row, desc, 1, &is_null));
-    const Datum ids_datum = SPI_getbinval(row, desc, 2, &is_null);
+    const int64 locked = DatumGetInt64(SPI_getbinval(row, desc, 2, &is_null));
+    const Datum ids_datum = SPI_getbinval(row, desc, 3, &is_null);
     ArrayType* ids = is_null ? nullptr : DatumGetArrayTypePCopy(ids_datum);
-    const int locked = ids == nullptr ? 0 : ArrayGetNItems(ARR_NDIM(ids), ARR_DIMS(ids));
-    const int64 claims = DatumGetInt64(SPI_getbinval(row, desc, 3, &is_null));
-    const bool any_holding = DatumGetBool(SPI_getbinval(row, desc, 4, &is_null));
-    if (locked == 0 || locked < due || any_holding) {
+    const int free = ids == nullptr ? 0 : ArrayGetNItems(ARR_NDIM(ids), ARR_DIMS(ids));
+    const int64 claims = DatumGetInt64(SPI_getbinval(row, desc, 4, &is_null));
+    const Datum held_datum = SPI_getbinval(row, desc, 5, &is_null);
+    ArrayType* held_tokens = is_null ? nullptr : DatumGetArrayTypePCopy(held_datum);
+    if (free == 0 || locked < due || too_many_holders(claim, group_key, slot, held_tokens)) {
         lock_release(key, token);
         return 0;
     }
-    const int64 allowed = claim_limit_take(*claim.limit, claim.now, locked);
+    const int64 allowed =
+        claim_limit_take(*claim.limit, claim.now, std::min<int64>(free, claim.max));
     if (allowed == 0) {  // the queue's bucket is empty: no group now
         lock_release(key, token);
         *bucket_empty = true;
         return 0;
     }
-    if (allowed < locked) {
-        // Expired claims first, then the oldest events, as many as the bucket
-        // gave units for. Expired claims left out are ended for their worker
-        // now, or it could still complete them while this claim holds the group.
+    if (allowed < free) {
+        // Expired claims first, then the oldest events, as many as max and
+        // the bucket allow. Expired claims left out are ended for their
+        // worker now, or it could still complete them while this claim holds
+        // the group.
         if (allowed < claims) {
             Datum fence_args[2] = {PointerGetDatum(ids_after(ids, static_cast<int>(allowed),
                                                              static_cast<int>(claims))),
@@ -266,13 +305,21 @@ uint64 claim_from_pass(const GroupClaim& claim, KeptPlan* pass, HTAB* tried,
     }
 }
 
-// (queue text, worker text, lease interval) -> SETOF throttle.event
+// (queue text, worker text, lease interval, max integer) -> SETOF throttle.event
 Datum claim_group(FunctionCallInfo fcinfo) {
     require_not_null(fcinfo, 0, "queue");
     require_not_null(fcinfo, 1, "worker");
     require_not_null(fcinfo, 2, "lease");
     const Interval* lease = PG_GETARG_INTERVAL_P(2);
     require_positive_interval(lease, "lease");
+    int64 max = std::numeric_limits<int64>::max();
+    if (PG_NARGS() > 3 && !PG_ARGISNULL(3)) {
+        if (PG_GETARG_INT32(3) <= 0) {
+            ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                            errmsg("max must be positive or NULL")));
+        }
+        max = PG_GETARG_INT32(3);
+    }
     registry_require();
     const Holder holder = holder_from_argument(fcinfo, 1);
     const TimestampTz now = clock_now();
@@ -288,8 +335,15 @@ Datum claim_group(FunctionCallInfo fcinfo) {
         SPI_finish();
         return static_cast<Datum>(0);
     }
-    const GroupClaim claim{
-        &limit, PG_GETARG_DATUM(0), PG_GETARG_DATUM(1), PG_GETARG_DATUM(2), lease_us, &holder, now};
+    const GroupClaim claim{&limit,
+                           group_concurrency(PG_GETARG_TEXT_PP(0)),
+                           max,
+                           PG_GETARG_DATUM(0),
+                           PG_GETARG_DATUM(1),
+                           PG_GETARG_DATUM(2),
+                           lease_us,
+                           &holder,
+                           now};
     HTAB* tried = tried_groups_create();
     const SPITupleTable* rows = nullptr;
     uint64 claimed = 0;

@@ -21,17 +21,20 @@
 
 namespace pg_throttle::pg {
 
-// The group's key: "<bytes of queue>:<queue>:<group_key>", or, when that
+// The key of slot 0: "<bytes of queue>:<queue>:<group_key>", or, when that
 // does not fit a registry name, "<bytes of queue>:<queue>#<SHA-256 of
 // group_key in hex>". Both forms name the queue first, and the byte after it
 // tells them apart, so no group_key of one form can name a group of the
 // other. Two group_keys with one digest would share a lease: each would wait
-// for the other, never run beside it.
-void group_lease_key(const text* queue, const text* group, RegistryKey* key) {
+// for the other, never run beside it. Slot k > 0 starts "<bytes of
+// queue>/<k>:" instead: the byte after the length tells it from slot 0.
+void group_lease_key(const text* queue, const text* group, int slot, RegistryKey* key) {
+    Assert(slot >= 0 && slot < kMaxGroupWorkers);
     const size_t queue_len = VARSIZE_ANY_EXHDR(queue);
     const size_t group_len = VARSIZE_ANY_EXHDR(group);
     char name[core::kMaxNameBytes + 1];
-    const int prefix = std::snprintf(name, sizeof name, "%zu:", queue_len);
+    const int prefix = slot == 0 ? std::snprintf(name, sizeof name, "%zu:", queue_len)
+                                 : std::snprintf(name, sizeof name, "%zu/%d:", queue_len, slot);
     constexpr size_t kDigestHex = size_t{2} * PG_SHA256_DIGEST_LENGTH;
     if (static_cast<size_t>(prefix) + queue_len + 1 + kDigestHex > core::kMaxNameBytes) {
         ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -66,6 +69,19 @@ void group_lease_key(const text* queue, const text* group, RegistryKey* key) {
     registry_make_key(EntryKind::kQueueGroup, name, static_cast<size_t>(pos - name), "group", key);
 }
 
+bool group_lease_find(const text* queue, const text* group_key, int64 token, RegistryKey* key) {
+    if (token == 0) {
+        return false;  // no lease is held with token 0
+    }
+    for (int slot = 0; slot < kMaxGroupWorkers; slot++) {
+        group_lease_key(queue, group_key, slot, key);
+        if (lock_token_held(*key) == token) {
+            return true;
+        }
+    }
+    return false;
+}
+
 int64 group_lease_take(const RegistryKey& key, int64 lease_us, const Holder& holder) {
     group_lease_make_room();
     const int64 token = lock_take(key, lease_us, 0, holder);
@@ -77,11 +93,21 @@ int64 group_lease_take(const RegistryKey& key, int64 lease_us, const Holder& hol
 
 namespace {
 
-// The key of the group that arguments 0 (queue) and 1 (group_key) name.
-void group_key(FunctionCallInfo fcinfo, RegistryKey* key) {
+// The queue and group_key of arguments 0 and 1.
+void group_arguments(FunctionCallInfo fcinfo, const text** queue, const text** group) {
     require_not_null(fcinfo, 0, "queue");
     require_not_null(fcinfo, 1, "group_key");
-    group_lease_key(PG_GETARG_TEXT_PP(0), PG_GETARG_TEXT_PP(1), key);
+    *queue = PG_GETARG_TEXT_PP(0);
+    *group = PG_GETARG_TEXT_PP(1);
+}
+
+// The key of the slot held with the token of argument 2; false when none is.
+bool held_slot(FunctionCallInfo fcinfo, RegistryKey* key) {
+    const text* queue = nullptr;
+    const text* group = nullptr;
+    group_arguments(fcinfo, &queue, &group);
+    require_not_null(fcinfo, 2, "token");
+    return group_lease_find(queue, group, PG_GETARG_INT64(2), key);
 }
 
 // (queue, group_key, worker, lease) -> the claim's fence token, or NULL.
@@ -90,8 +116,11 @@ void group_key(FunctionCallInfo fcinfo, RegistryKey* key) {
 // claim_group calls until ALTER EXTENSION pg_throttle UPDATE has run.
 Datum group_take(FunctionCallInfo fcinfo) {
     registry_require();
+    const text* queue = nullptr;
+    const text* group = nullptr;
+    group_arguments(fcinfo, &queue, &group);
     RegistryKey key;
-    group_key(fcinfo, &key);
+    group_lease_key(queue, group, 0, &key);
     require_not_null(fcinfo, 3, "lease");
     const int64 lease = positive_interval(PG_GETARG_INTERVAL_P(3), "lease");
     const int64 token = group_lease_take(key, lease, holder_from_argument(fcinfo, 2));
@@ -105,9 +134,7 @@ Datum group_take(FunctionCallInfo fcinfo) {
 Datum group_release(FunctionCallInfo fcinfo) {
     registry_require();
     RegistryKey key;
-    group_key(fcinfo, &key);
-    require_not_null(fcinfo, 2, "token");
-    PG_RETURN_BOOL(lock_release(key, PG_GETARG_INT64(2)));
+    PG_RETURN_BOOL(held_slot(fcinfo, &key) && lock_release(key, PG_GETARG_INT64(2)));
 }
 
 // (queue, group_key, token): the lease is released when this transaction
@@ -115,26 +142,35 @@ Datum group_release(FunctionCallInfo fcinfo) {
 Datum group_release_at_commit(FunctionCallInfo fcinfo) {
     registry_require();
     RegistryKey key;
-    group_key(fcinfo, &key);
-    require_not_null(fcinfo, 2, "token");
-    group_lease_release_at_commit(key, PG_GETARG_INT64(2));
+    if (held_slot(fcinfo, &key)) {
+        group_lease_release_at_commit(key, PG_GETARG_INT64(2));
+    }
     PG_RETURN_VOID();
 }
 
-// (queue, group_key) -> whether a lease held the group (throttle.release_group).
+// (queue, group_key) -> whether a lease held the group (throttle.release_group):
+// every slot.
 Datum group_reset(FunctionCallInfo fcinfo) {
     registry_require();
-    RegistryKey key;
-    group_key(fcinfo, &key);
-    PG_RETURN_BOOL(lock_reset(key));
+    const text* queue = nullptr;
+    const text* group = nullptr;
+    group_arguments(fcinfo, &queue, &group);
+    bool held = false;
+    for (int slot = 0; slot < kMaxGroupWorkers; slot++) {
+        RegistryKey key;
+        group_lease_key(queue, group, slot, &key);
+        held = lock_reset(key) || held;
+    }
+    PG_RETURN_BOOL(held);
 }
 
 // (queue, group_key, token, lease) -> renewed.
 Datum group_renew(FunctionCallInfo fcinfo) {
     registry_require();
     RegistryKey key;
-    group_key(fcinfo, &key);
-    require_not_null(fcinfo, 2, "token");
+    if (!held_slot(fcinfo, &key)) {
+        PG_RETURN_BOOL(false);
+    }
     require_not_null(fcinfo, 3, "lease");
     const int64 lease = positive_interval(PG_GETARG_INTERVAL_P(3), "lease");
     PG_RETURN_BOOL(lock_renew(key, PG_GETARG_INT64(2), lease) == RenewResult::kRenewed);

@@ -1,6 +1,8 @@
-// The lease that holds a group of the event queue: one registry entry of its
-// own kind per (queue, group_key), taken by claim_group and released when
-// the group's claim ends (group_lease_xact.hpp ties it to transactions).
+// The leases that hold a group of the event queue: registry entries of their
+// own kind, one per (queue, group_key, slot), taken by claim_group and
+// released when the group's claim ends (group_lease_xact.hpp ties them to
+// transactions). A queue whose groups may have up to N workers at once
+// (throttle.group_concurrency) uses slots 0 to N - 1, one per claim.
 #pragma once
 
 #include "pg/holder.hpp"
@@ -8,8 +10,16 @@
 
 namespace pg_throttle::pg {
 
-// The registry key of the lease of group `group_key` of `queue`.
-void group_lease_key(const text* queue, const text* group_key, RegistryKey* key);
+// The most workers throttle.group_concurrency lets hold one group.
+inline constexpr int kMaxGroupWorkers = 64;
+
+// The registry key of lease `slot` (0 to kMaxGroupWorkers - 1) of group
+// `group_key` of `queue`.
+void group_lease_key(const text* queue, const text* group_key, int slot, RegistryKey* key);
+
+// The key of the slot of the group that a lease held with `token` holds;
+// false when none does (it ended, or another claim took its slot).
+bool group_lease_find(const text* queue, const text* group_key, int64 token, RegistryKey* key);
 
 // Takes the group's lease for `lease_us` microseconds for `holder`, recorded
 // for this transaction (released if it rolls back); its fence token, or 0

@@ -95,6 +95,17 @@ COMMENT ON COLUMN throttle.queue_bucket.bucket IS 'The name of a bucket declared
 GRANT SELECT ON throttle.queue_bucket TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('throttle.queue_bucket', '');
 
+-- Groups that more than one worker may hold at once.
+CREATE TABLE throttle.group_concurrency (
+    queue   text PRIMARY KEY CHECK (queue <> '' AND octet_length(queue) <= 63),
+    workers integer NOT NULL CHECK (workers BETWEEN 1 AND 64)
+);
+COMMENT ON TABLE throttle.group_concurrency IS
+    'Queues whose groups may be held by more than one worker at once: claim_group hands a group of the queue to at most workers claims whose lease holds (1, exclusive, for a queue not named here).';
+COMMENT ON COLUMN throttle.group_concurrency.workers IS 'How many claims may hold one group at once, 1 to 64.';
+GRANT SELECT ON throttle.group_concurrency TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('throttle.group_concurrency', '');
+
 -- reset knows the queue buckets.
 COMMENT ON FUNCTION throttle.reset(text, text) IS
     'Clears the registry entries named name in this database (kind resource, bucket, queue_bucket or lock; NULL: all of them) and returns how many; a cleared resource or lock can be granted at once, a cleared bucket is full. For operators after an incident: not granted to PUBLIC.';
@@ -763,12 +774,15 @@ LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION throttle.claim(text, text, interval, integer) IS
     'Claims up to max due events without a group_key for worker until lease: claims whose lease expired, then pending events with run_at <= now, higher priority first, then oldest first; never waits for rows another worker is claiming. The events carry the claim''s claim_token, which complete, fail and extend need. Grouped events are claimed with throttle.claim_group.';
 
-CREATE OR REPLACE FUNCTION throttle.claim_group(queue text, worker text, lease interval DEFAULT '5 minutes')
+-- claim_group gains max: a new signature.
+DROP FUNCTION throttle.claim_group(text, text, interval);
+CREATE FUNCTION throttle.claim_group(queue text, worker text, lease interval DEFAULT '5 minutes',
+                                     max integer DEFAULT NULL)
 RETURNS SETOF throttle.event
 AS 'MODULE_PATHNAME', 'pg_throttle_claim_group'
 LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-COMMENT ON FUNCTION throttle.claim_group(text, text, interval) IS
-    'Claims every due event of one group of the queue for worker until lease. While the lease holds no other worker gets any event of that group, including events that become due meanwhile. Returns no rows when no group is free.';
+COMMENT ON FUNCTION throttle.claim_group(text, text, interval, integer) IS
+    'Claims the due events of one group of the queue (every one, or the oldest max) for worker until lease. While the lease holds no other worker gets any event of that group, including events that become due meanwhile; a queue in throttle.group_concurrency lets that many claims hold a group at once, each with events no other holds. Returns no rows when no group is free.';
 
 CREATE OR REPLACE FUNCTION throttle._release_groups(finished throttle.event[])
 RETURNS void
