@@ -74,6 +74,29 @@ def check_groups(tap, conn, w1, after):
     execute(conn, "DELETE FROM throttle.event WHERE queue = 'cq'")
 
 
+def concurrency_setup(conn):
+    """Queue 'cn', whose groups take 2 workers: group gn has 4 due events,
+    2 of them held by two claims (max 1 each) that hold on."""
+    execute(conn, "INSERT INTO throttle.group_concurrency (queue, workers) VALUES ('cn', 2)")
+    one(conn, "SELECT throttle.schedule_many('cn', ARRAY['n1', 'n2', 'n3', 'n4'], "
+              "array_fill(now() - interval '1 minute', ARRAY[4]), NULL, array_fill('gn'::text, ARRAY[4]))")
+    return [one(conn, "SELECT array_agg(id), min(claim_token) "
+                      "FROM throttle.claim_group('cn', %s, '10 minutes', 1)", (worker,))
+            for worker in ("n1", "n2")]
+
+
+def check_concurrency(tap, conn, holders, after):
+    def claims():
+        return one(conn, "SELECT count(*) FROM throttle.claim_group('cn', 'nx', '10 minutes', 1)")[0]
+    tap.is_([claims(), claims()], [0, 0],
+            f"after {after}, a group that takes 2 workers and has 2 claims holding admits none (two calls)")
+    tap.is_(one(conn, "SELECT throttle.complete(%s, %s)", holders[0])[0], 1,
+            f"after {after}, one of its holders completes")
+    tap.is_([claims(), claims()], [1, 0], f"after {after}, then exactly one more claim gets the group")
+    execute(conn, "DELETE FROM throttle.group_concurrency WHERE queue = 'cn'")
+    execute(conn, "DELETE FROM throttle.event WHERE queue = 'cn'")
+
+
 def unsynced_setup(conn):
     """Queue 'ca': an event and a group of two to be claimed with
     synchronous_commit off just before the fault; queue 'cb': an event
@@ -166,6 +189,7 @@ def backend_killed(tap, conn, data_dir, checkpoint):
     execute(conn, "ALTER SYSTEM RESET pg_throttle.checkpoint_interval")
     one(conn, "SELECT pg_reload_conf()")
     w1, _ = schedule_groups(conn)
+    concurrent = concurrency_setup(conn)
     holder = connect()
     before = grant_before(tap, conn, holder, "cr")
     # Crash recovery replays WAL only from the last checkpoint on: the lease
@@ -193,6 +217,7 @@ def backend_killed(tap, conn, data_dir, checkpoint):
     tap.ok("leases from its lease journal" in server_log(),
            "the log says the lease came back from the journal")
     check_groups(tap, conn, w1, "a backend crash")
+    check_concurrency(tap, conn, concurrent, "a backend crash")
     check_unsynced(tap, conn, unsynced, "a backend crash")
     check_rate_limited(tap, conn, limited, "a backend crash")
     conn.close()
@@ -208,6 +233,7 @@ def postmaster_killed(tap, conn, data_dir, checkpoint):
     tap.ok(one(conn, "SELECT throttle.acquire('ck.reset', '1 hour')")[0], "after the reset it is granted again")
     regranted = next_grant(conn, "ck.reset")
     w1, _ = schedule_groups(conn)
+    concurrent = concurrency_setup(conn)
     holder = connect()
     before = grant_before(tap, conn, holder, "pm")
     # A renew made before the crash is what comes back.
@@ -229,6 +255,7 @@ def postmaster_killed(tap, conn, data_dir, checkpoint):
     tap.ok(after_reset is None or after_reset >= regranted,
            "and not from the checkpoint taken before the reset", repr((after_reset, regranted)))
     check_groups(tap, conn, w1, "a postmaster kill")
+    check_concurrency(tap, conn, concurrent, "a postmaster kill")
     check_unsynced(tap, conn, unsynced, "a postmaster kill")
     check_rate_limited(tap, conn, limited, "a postmaster kill")
     conn.close()
@@ -251,8 +278,8 @@ def damaged_checkpoint(tap, conn, data_dir, checkpoint):
 
 # Each fault runs on a fresh cluster: the crash rule one leaves in force (for
 # good: it outlives clean restarts) would deny the grants the next makes first.
-PHASES = {"backend": (backend_killed, CHECKS_PER_FAULT + 15),
-          "postmaster": (postmaster_killed, CHECKS_PER_FAULT + 13),
+PHASES = {"backend": (backend_killed, CHECKS_PER_FAULT + 18),
+          "postmaster": (postmaster_killed, CHECKS_PER_FAULT + 16),
           "damaged-checkpoint": (damaged_checkpoint, 4)}
 
 
