@@ -37,7 +37,7 @@ main)
     run_suite schedule-batch prove prove --verbose test/integration/schedule_batch.py || status=1
     run_suite queue-rate prove prove --verbose test/integration/queue_rate.py || status=1
     run_suite queue-history prove prove --verbose test/integration/queue_history.py || status=1
-    run_suite group-concurrency prove prove --verbose test/integration/group_concurrency.py ||
+    run_suite group-policy prove prove --verbose test/integration/group_policy.py ||
         status=1
     run_suite security prove prove --verbose test/integration/security.py || status=1
     run_suite dump-restore prove prove --verbose test/integration/dump_restore.py || status=1

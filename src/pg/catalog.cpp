@@ -18,8 +18,14 @@ KeptPlan queue_bucket_query{
     {TEXTOID},
     nullptr};
 
-KeptPlan group_concurrency_query{
-    "SELECT workers FROM throttle.group_concurrency WHERE queue = $1", 1, {TEXTOID}, nullptr};
+// FOR SHARE: a change of the policy waits for the claims that read it to
+// end (or, under repeatable read, a claim that read an older one fails with
+// 40001), so a lowered workers holds exactly for every claim after it.
+KeptPlan group_policy_query{
+    "SELECT workers, strict_order FROM throttle.group_policy WHERE queue = $1 FOR SHARE",
+    1,
+    {TEXTOID},
+    nullptr};
 
 // Runs `query` for `name`; on the row found, `extract` copies what it needs
 // before SPI memory goes away. Returns whether a row was found.
@@ -71,11 +77,16 @@ void extract_queue_bucket(HeapTuple row, TupleDesc desc, void* ctx) {
     memcpy(VARDATA(found->name), VARDATA_ANY(name), size - VARHDRSZ);
 }
 
-void extract_int32(HeapTuple row, TupleDesc desc, void* ctx) {
+void extract_group_policy(HeapTuple row, TupleDesc desc, void* ctx) {
+    auto* policy = static_cast<GroupPolicy*>(ctx);
     bool is_null = false;
-    const Datum value = SPI_getbinval(row, desc, 1, &is_null);
+    const Datum workers = SPI_getbinval(row, desc, 1, &is_null);
     if (!is_null) {  // NOT NULL in the catalog
-        *static_cast<int32*>(ctx) = DatumGetInt32(value);
+        policy->workers = DatumGetInt32(workers);
+    }
+    const Datum strict_order = SPI_getbinval(row, desc, 2, &is_null);
+    if (!is_null) {
+        policy->strict_order = DatumGetBool(strict_order);
     }
 }
 
@@ -118,10 +129,10 @@ bool queue_bucket(const text* queue, text** name, DeclaredBucket* bucket) {
     return true;
 }
 
-int32 group_concurrency(const text* queue) {
-    int32 workers = 1;
-    (void)lookup(&group_concurrency_query, queue, extract_int32, &workers);
-    return workers;
+GroupPolicy group_policy(const text* queue) {
+    GroupPolicy policy{1, false};
+    (void)lookup(&group_policy_query, queue, extract_group_policy, &policy);
+    return policy;
 }
 
 }  // namespace pg_throttle::pg

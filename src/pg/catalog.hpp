@@ -25,8 +25,13 @@ DeclaredBucket declared_bucket(const text* key);
 // the call) and shape.
 bool queue_bucket(const text* queue, text** name, DeclaredBucket* bucket);
 
-// How many workers may hold one group of `queue` at once
-// (throttle.group_concurrency): 1 when the queue is not declared there.
-int32 group_concurrency(const text* queue);
+// How claim_group hands out the groups of `queue` (throttle.group_policy).
+struct GroupPolicy {
+    int32 workers;      // how many claims may hold one group at once
+    bool strict_order;  // events in id order, a failed one holding back the rest
+};
+
+// The policy of `queue`: one worker, no strict order when it is not declared.
+GroupPolicy group_policy(const text* queue);
 
 }  // namespace pg_throttle::pg

@@ -133,15 +133,18 @@ COMMENT ON COLUMN throttle.queue_bucket.bucket IS 'The name of a bucket declared
 GRANT SELECT ON throttle.queue_bucket TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('throttle.queue_bucket', '');
 
-CREATE TABLE throttle.group_concurrency (
-    queue   text PRIMARY KEY CHECK (queue <> '' AND octet_length(queue) <= 63),
-    workers integer NOT NULL CHECK (workers BETWEEN 1 AND 64)
+CREATE TABLE throttle.group_policy (
+    queue        text PRIMARY KEY CHECK (queue <> '' AND octet_length(queue) <= 63),
+    workers      integer NOT NULL DEFAULT 1 CHECK (workers BETWEEN 1 AND 64),
+    strict_order boolean NOT NULL DEFAULT false,
+    CONSTRAINT strict_order_has_one_worker CHECK (NOT strict_order OR workers = 1)
 );
-COMMENT ON TABLE throttle.group_concurrency IS
-    'Queues whose groups may be held by more than one worker at once: claim_group hands a group of the queue to at most workers claims whose lease holds (1, exclusive, for a queue not named here).';
-COMMENT ON COLUMN throttle.group_concurrency.workers IS 'How many claims may hold one group at once, 1 to 64.';
-GRANT SELECT ON throttle.group_concurrency TO PUBLIC;
-SELECT pg_catalog.pg_extension_config_dump('throttle.group_concurrency', '');
+COMMENT ON TABLE throttle.group_policy IS
+    'How claim_group hands out the groups of a queue; a queue not named here has one worker per group and no strict order.';
+COMMENT ON COLUMN throttle.group_policy.workers IS 'How many claims may hold one group at once, 1 to 64, each with events no other holds.';
+COMMENT ON COLUMN throttle.group_policy.strict_order IS 'A group''s events run in the order they were scheduled (by id): each waits for its run_at and for every earlier event of the group to complete, die or be cancelled; a failed event holds back the later ones. Needs workers = 1.';
+GRANT SELECT ON throttle.group_policy TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('throttle.group_policy', '');
 
 CREATE FUNCTION throttle._require(value anyelement, what text)
 RETURNS void
@@ -522,7 +525,7 @@ RETURNS SETOF throttle.event
 AS 'MODULE_PATHNAME', 'pg_throttle_claim_group'
 LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION throttle.claim_group(text, text, interval, integer) IS
-    'Claims the due events of one group of the queue (every one, or the oldest max) for worker until lease. While the lease holds no other worker gets any event of that group, including events that become due meanwhile; a queue in throttle.group_concurrency lets that many claims hold a group at once, each with events no other holds. Returns no rows when no group is free.';
+    'Claims the due events of one group of the queue (every one, or the oldest max) for worker until lease. While the lease holds no other worker gets any event of that group, including events that become due meanwhile; a queue in throttle.group_policy lets that many claims hold a group at once, each with events no other holds, or keeps a group''s events in strict order. Returns no rows when no group is free.';
 
 -- Releases group leases whose claims are all finished.
 CREATE FUNCTION throttle._release_groups(finished throttle.event[])
@@ -627,6 +630,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     now timestamptz := throttle.now();
     finished throttle.event[];
+    held_back throttle.event[];
     violated text;
 BEGIN
     PERFORM throttle._require(ids, 'ids'), throttle._require(token, 'token');
@@ -677,12 +681,31 @@ BEGIN
             END IF;
         END;
     END LOOP;
-    PERFORM throttle._release_groups(finished), throttle._notify_successors(finished);
+    -- In a group kept in strict order the claim's later events wait behind
+    -- the failed one: pending again (released), their attempt not counted.
+    SELECT array_agg(b) INTO held_back
+    FROM throttle._fence_claims(
+        ARRAY(SELECT e.id
+              FROM (SELECT f.queue, f.group_key, min(f.id) AS first_failed
+                    FROM unnest(finished) AS f
+                    WHERE f.group_key IS NOT NULL
+                      AND EXISTS (SELECT 1 FROM throttle.group_policy p
+                                  WHERE p.queue = f.queue AND p.strict_order)
+                    GROUP BY f.queue, f.group_key) AS h
+              JOIN throttle.event e  -- event_claimed_groups
+                ON e.queue = h.queue AND e.group_key = h.group_key AND e.group_key IS NOT NULL
+               AND e.state = 'claimed' AND e.claim_token = token AND e.id > h.first_failed
+              ORDER BY e.id),
+        now) AS b;
+    UPDATE throttle.event e SET attempts = e.attempts - 1
+    WHERE e.id = ANY (ARRAY(SELECT b.id FROM unnest(held_back) AS b)) AND e.state = 'pending';
+    -- The group is released once no event of the claim is left claimed.
+    PERFORM throttle._release_groups(finished), throttle._notify_successors(finished || held_back);
     RETURN coalesce(cardinality(finished), 0);
 END
 $$;
 COMMENT ON FUNCTION throttle.fail(bigint[], bigint, text, interval) IS
-    'Records a failed attempt (in throttle.event_attempt, and failed_at): keeps the error and retries after retry_in, or 10 s * 2^(attempts-1) up to 1 hour; after max_attempts the event is dead, and when its item_key was scheduled again meanwhile it is cancelled, superseded by that newer run. Only through the claim token that holds the events, by the claim''s role; returns how many.';
+    'Records a failed attempt (in throttle.event_attempt, and failed_at): keeps the error and retries after retry_in, or 10 s * 2^(attempts-1) up to 1 hour; after max_attempts the event is dead, and when its item_key was scheduled again meanwhile it is cancelled, superseded by that newer run. In a group kept in strict order (throttle.group_policy) the claim''s later events of the group go back to pending behind the failed one, their attempt not counted. Only through the claim token that holds the events, by the claim''s role; returns how many failed.';
 
 CREATE FUNCTION throttle.extend(ids bigint[], token bigint, lease interval)
 RETURNS integer

@@ -77,7 +77,7 @@ def check_groups(tap, conn, w1, after):
 def concurrency_setup(conn):
     """Queue 'cn', whose groups take 2 workers: group gn has 4 due events,
     2 of them held by two claims (max 1 each) that hold on."""
-    execute(conn, "INSERT INTO throttle.group_concurrency (queue, workers) VALUES ('cn', 2)")
+    execute(conn, "INSERT INTO throttle.group_policy (queue, workers) VALUES ('cn', 2)")
     one(conn, "SELECT throttle.schedule_many('cn', ARRAY['n1', 'n2', 'n3', 'n4'], "
               "array_fill(now() - interval '1 minute', ARRAY[4]), NULL, array_fill('gn'::text, ARRAY[4]))")
     return [one(conn, "SELECT array_agg(id), min(claim_token) "
@@ -93,7 +93,7 @@ def check_concurrency(tap, conn, holders, after):
     tap.is_(one(conn, "SELECT throttle.complete(%s, %s)", holders[0])[0], 1,
             f"after {after}, one of its holders completes")
     tap.is_([claims(), claims()], [1, 0], f"after {after}, then exactly one more claim gets the group")
-    execute(conn, "DELETE FROM throttle.group_concurrency WHERE queue = 'cn'")
+    execute(conn, "DELETE FROM throttle.group_policy WHERE queue = 'cn'")
     execute(conn, "DELETE FROM throttle.event WHERE queue = 'cn'")
 
 

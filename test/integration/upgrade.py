@@ -131,7 +131,7 @@ STATES = "SELECT state, item_key, attempts, claimed_by FROM throttle.event ORDER
 
 
 def main():
-    tap = Tap(16)
+    tap = Tap(17)
     admin = connect()
     recreate(admin, OLD_DB)
     recreate(admin, FRESH_DB)
@@ -165,7 +165,18 @@ def main():
     tap.is_(one(old, "SELECT count(*) FROM throttle.claim_group('legacy', 'w', '1 minute')")[0], 1,
             "before the update, 0.1.0's claim_group works on the new module")
     execute(old, "ROLLBACK")
+    # An operator took claim_group from PUBLIC and gave it to one role; the
+    # update, which gives claim_group a new signature, keeps that.
+    for role in ("pgt_upgrade_worker", "pgt_upgrade_other"):
+        execute(admin, f"DROP ROLE IF EXISTS {role}")
+        execute(admin, f"CREATE ROLE {role}")
+    execute(old, "REVOKE EXECUTE ON FUNCTION throttle.claim_group(text, text, interval) FROM PUBLIC")
+    execute(old, "GRANT EXECUTE ON FUNCTION throttle.claim_group(text, text, interval) TO pgt_upgrade_worker")
     execute(old, "ALTER EXTENSION pg_throttle UPDATE")
+    tap.is_(one(old, "SELECT has_function_privilege('pgt_upgrade_worker', f, 'EXECUTE'),"
+                     " has_function_privilege('pgt_upgrade_other', f, 'EXECUTE')"
+                     " FROM CAST('throttle.claim_group(text, text, interval, integer)' AS regprocedure) f"),
+            (True, False), "claim_group keeps the privileges an operator gave it across the update")
     tap.is_(one(old, "SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle'")[0],
             one(admin, "SELECT default_version FROM pg_available_extensions WHERE name = 'pg_throttle'")[0],
             "ALTER EXTENSION pg_throttle UPDATE reaches the current version")
@@ -181,6 +192,9 @@ def main():
 
     fresh = connect(dbname=FRESH_DB)
     execute(fresh, "CREATE EXTENSION pg_throttle")
+    execute(fresh, "REVOKE EXECUTE ON FUNCTION throttle.claim_group(text, text, interval, integer) FROM PUBLIC")
+    execute(fresh, "GRANT EXECUTE ON FUNCTION throttle.claim_group(text, text, interval, integer)"
+                   " TO pgt_upgrade_worker")
     with old.cursor() as cur:
         cur.execute(CATALOG)
         updated = [r[0] for r in cur.fetchall()]
@@ -217,6 +231,8 @@ def main():
     fresh.close()
     execute(admin, f"DROP DATABASE {OLD_DB}")
     execute(admin, f"DROP DATABASE {FRESH_DB}")
+    for role in ("pgt_upgrade_worker", "pgt_upgrade_other"):
+        execute(admin, f"DROP ROLE {role}")
     admin.close()
     tap.done()
 

@@ -60,7 +60,7 @@ SELECT is(
     (SELECT array_agg(c::regclass::text ORDER BY c::regclass::text) FROM pg_extension e, unnest(e.extconfig) AS c
      WHERE e.extname = 'pg_throttle'),
     ARRAY['throttle.bucket', 'throttle.event', 'throttle.event_attempt', 'throttle.event_attempt_id_seq',
-          'throttle.event_id_seq', 'throttle.group_concurrency', 'throttle.queue_bucket',
+          'throttle.event_id_seq', 'throttle.group_policy', 'throttle.queue_bucket',
           'throttle.resource'],
     'pg_dump keeps declared resources and buckets, the event queue, its attempts, its rate limits and its group concurrency');
 SELECT is((SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle'),
@@ -73,9 +73,9 @@ SELECT ok(NOT has_table_privilege('public', 'throttle.resource', 'INSERT'),
 SELECT ok(has_table_privilege('public', 'throttle.bucket', 'SELECT')
           AND NOT has_table_privilege('public', 'throttle.bucket', 'INSERT'),
     'everyone may read declared buckets, only privileged roles may declare them');
-SELECT ok(has_table_privilege('public', 'throttle.group_concurrency', 'SELECT')
-          AND NOT has_table_privilege('public', 'throttle.group_concurrency', 'INSERT')
-          AND NOT has_table_privilege('public', 'throttle.group_concurrency', 'UPDATE'),
+SELECT ok(has_table_privilege('public', 'throttle.group_policy', 'SELECT')
+          AND NOT has_table_privilege('public', 'throttle.group_policy', 'INSERT')
+          AND NOT has_table_privilege('public', 'throttle.group_policy', 'UPDATE'),
     'everyone may read group concurrency, only privileged roles may declare it');
 
 SELECT * FROM finish();

@@ -8,17 +8,20 @@
 // first. A group already tried in this call is skipped by a hash lookup. For
 // each new candidate:
 //  1. a lease slot in shared memory (group_lease.hpp): slot 0, or the first
-//     free one of the N that throttle.group_concurrency gives the queue. A
+//     free one of the N that throttle.group_policy gives the queue. A
 //     group whose slots other workers hold costs N lookups;
-//  2. its due events counted and locked in one statement (one snapshot),
-//     never waiting: when another transaction is changing one of them
-//     (cancel, reschedule, extend, or a claim or complete not committed yet)
-//     fewer are locked than counted, and the group is busy, skipped. The
-//     claims among them whose lease holds are other workers': the table is
-//     the durable truth, so a claim from before a restart counts even though
-//     shared memory forgot it. The group is skipped when those claims, the
-//     other slots' holders and this claim would be more than N. A pending
-//     event whose item_key has a claimed run waits for it;
+//  2. the claims whose lease holds on it, read without locking: the table
+//     is the durable truth, so a claim from before a restart counts even
+//     though shared memory forgot it. The group is skipped when those
+//     claims, the other slots' holders and this claim would be more than N.
+//     Then its due events counted and locked in one statement (one
+//     snapshot), never waiting and never locking another claim's events:
+//     when another transaction is changing one of them (cancel, reschedule,
+//     or a claim or complete not committed yet) fewer are locked than
+//     counted, and the group is busy, skipped; the holders that snapshot
+//     shows are counted again. A pending event whose item_key has a claimed
+//     run waits for it. In a group kept in strict order only the events
+//     before the first one that is not ready count;
 //  3. of the rest (expired claims first, then by run_at), up to max, and no
 //     more than a bucket that limits the queue gives units for
 //     (claim_limit.hpp); none when it is empty, and then the call ends.
@@ -64,16 +67,34 @@ KeptPlan due_grouped_events{
     {TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID},
     nullptr};
 
+// The tokens of the claims whose lease holds on the group, read without
+// locking anything (step 2's first look): a group held by as many claims as
+// it takes is skipped before any of its rows is locked. By group
+// (event_claimed_groups), never by lease time, whose index holds many dead
+// entries under churn until vacuum.
+KeptPlan group_holders{
+    "SELECT array_agg(DISTINCT e.claim_token) FROM throttle.event e"
+    " WHERE e.queue = $1 AND e.group_key = $2 AND e.state = 'claimed'"
+    "   AND e.group_key IS NOT NULL AND (e.lease_until > $3) IS TRUE",
+    3,
+    {TEXTOID, TEXTOID, TIMESTAMPTZOID},
+    nullptr};
+
 // The group's due events counted and locked (step 2): how many are due, how
-// many were locked, the ids locked that no claim holds (expired claims first,
-// then by run_at), how many of those are expired claims, and the tokens of
-// the claims among them whose lease holds. Both scans go along event_groups
-// by (queue, group_key): upper(state) keeps the generic plan from reading
-// every claimed event of the queue through event_leases_grouped for the
-// claimed ones.
+// many were locked, their ids (expired claims first, then by run_at), the
+// expired claims among them, and the tokens of the claims whose lease holds,
+// as this statement's snapshot shows them. Claims whose lease holds are other
+// workers': never locked (their complete, fail and extend never wait for a
+// claim), and an event that turned into one after the snapshot fails the
+// lock's recheck, so that fewer are locked than counted. Both scans go along
+// event_groups by (queue, group_key): upper(state) keeps the generic plan
+// from reading every claimed event of the queue through event_leases_grouped
+// for the claimed ones.
 KeptPlan lock_group{
-    "WITH due AS ("
-    "  SELECT e.id FROM throttle.event e"
+    "WITH grp AS ("
+    "  SELECT e.id, e.claim_token,"
+    "         e.state = 'claimed' AND (e.lease_until > $3) IS TRUE AS holds"
+    "  FROM throttle.event e"
     "  WHERE e.queue = $1 AND e.group_key = $2 AND e.group_key IS NOT NULL"
     "    AND e.state IN ('pending', 'claimed')"  // event_groups
     "    AND (upper(e.state) = 'CLAIMED'"
@@ -82,32 +103,68 @@ KeptPlan lock_group{
     "                             WHERE c.queue = e.queue AND c.item_key = e.item_key"
     "                               AND c.state = 'claimed')))),"
     " locked AS ("
-    "  SELECT e.id, e.state, e.run_at, e.claim_token,"
-    "         e.state = 'claimed' AND (e.lease_until > $3) IS TRUE AS holds"
-    "  FROM throttle.event e"
+    "  SELECT e.id, e.state, e.run_at FROM throttle.event e"
     "  WHERE e.queue = $1 AND e.group_key = $2 AND e.group_key IS NOT NULL"
     "    AND e.state IN ('pending', 'claimed')"
-    "    AND (upper(e.state) = 'CLAIMED'"
-    "         OR (e.run_at <= $3"
+    "    AND ((upper(e.state) = 'CLAIMED' AND (e.lease_until > $3) IS NOT TRUE)"
+    "         OR (upper(e.state) = 'PENDING' AND e.run_at <= $3"
     "             AND NOT EXISTS (SELECT 1 FROM throttle.event c"
     "                             WHERE c.queue = e.queue AND c.item_key = e.item_key"
     "                               AND c.state = 'claimed')))"
     "  FOR UPDATE OF e SKIP LOCKED)"
-    " SELECT (SELECT count(*) FROM due),"
+    " SELECT (SELECT count(*) FROM grp WHERE NOT grp.holds),"
     "        (SELECT count(*) FROM locked),"
     "        (SELECT array_agg(l.id ORDER BY l.state = 'claimed' DESC, l.run_at, l.id)"
-    "         FROM locked l WHERE NOT l.holds),"
-    "        (SELECT count(*) FROM locked l WHERE l.state = 'claimed' AND NOT l.holds),"
-    "        (SELECT array_agg(DISTINCT l.claim_token) FROM locked l WHERE l.holds)",
+    "         FROM locked l),"
+    "        (SELECT array_agg(l.id) FROM locked l WHERE l.state = 'claimed'),"
+    "        (SELECT array_agg(DISTINCT grp.claim_token) FROM grp WHERE grp.holds)",
     3,
     {TEXTOID, TEXTOID, TIMESTAMPTZOID},
     nullptr};
 
-// Expired claims ended for their worker (throttle._fence_claims).
-KeptPlan fence_claims{"SELECT count(*) FROM throttle._fence_claims($1, $2)",
-                      2,
-                      {INT8ARRAYOID, TIMESTAMPTZOID},
-                      nullptr};
+// The same for a queue whose groups keep strict order: the group's events in
+// id order up to the first one that is not ready (pending with run_at after
+// now, or waiting for a claimed run of its item_key), ids in id order.
+KeptPlan lock_group_strict{
+    "WITH grp AS ("
+    "  SELECT e.id, e.claim_token,"
+    "         e.state = 'claimed' AND (e.lease_until > $3) IS TRUE AS holds,"
+    "         upper(e.state) = 'CLAIMED'"
+    "         OR (e.run_at <= $3"
+    "             AND NOT EXISTS (SELECT 1 FROM throttle.event c"  // event_claimed_key
+    "                             WHERE c.queue = e.queue AND c.item_key = e.item_key"
+    "                               AND c.state = 'claimed')) AS ready"
+    "  FROM throttle.event e"
+    "  WHERE e.queue = $1 AND e.group_key = $2 AND e.group_key IS NOT NULL"
+    "    AND e.state IN ('pending', 'claimed')),"  // event_groups
+    " due AS ("
+    "  SELECT g.id, g.claim_token, g.holds FROM grp g"
+    "  WHERE g.ready AND g.id < coalesce((SELECT min(n.id) FROM grp n WHERE NOT n.ready),"
+    "                                    9223372036854775807)),"
+    " locked AS ("
+    "  SELECT e.id, e.state FROM throttle.event e"
+    "  WHERE e.id IN (SELECT d.id FROM due d WHERE NOT d.holds)"
+    "    AND e.queue = $1 AND e.group_key = $2 AND e.group_key IS NOT NULL"
+    "    AND ((upper(e.state) = 'CLAIMED' AND (e.lease_until > $3) IS NOT TRUE)"
+    "         OR (upper(e.state) = 'PENDING' AND e.run_at <= $3))"
+    "  FOR UPDATE OF e SKIP LOCKED)"
+    " SELECT (SELECT count(*) FROM due WHERE NOT due.holds),"
+    "        (SELECT count(*) FROM locked),"
+    "        (SELECT array_agg(l.id ORDER BY l.id) FROM locked l),"
+    "        (SELECT array_agg(l.id) FROM locked l WHERE l.state = 'claimed'),"
+    "        (SELECT array_agg(DISTINCT grp.claim_token) FROM grp WHERE grp.holds)",
+    3,
+    {TEXTOID, TEXTOID, TIMESTAMPTZOID},
+    nullptr};
+
+// Expired claims ($1) that this claim does not take ($3) ended for their
+// worker (throttle._fence_claims).
+KeptPlan fence_claims{
+    "SELECT count(*) FROM throttle._fence_claims("
+    "  ARRAY(SELECT unnest($1::bigint[]) EXCEPT SELECT unnest($3::bigint[])), $2)",
+    3,
+    {INT8ARRAYOID, TIMESTAMPTZOID, INT8ARRAYOID},
+    nullptr};
 
 // The groups this call has tried: a hash of their keys, each bucket a chain
 // of the keys with that hash (copies, in the call's memory context).
@@ -156,8 +213,8 @@ bool tried_before(HTAB* tried, const text* group_key) {
 
 struct GroupClaim {
     const ClaimLimit* limit;
-    int32 workers;  // how many may hold one group (throttle.group_concurrency)
-    int64 max;      // events per claim; INT64_MAX for every due one
+    GroupPolicy policy;  // throttle.group_policy
+    int64 max;           // events per claim; INT64_MAX for every due one
     Datum queue;
     Datum worker;
     Datum lease;
@@ -169,7 +226,7 @@ struct GroupClaim {
 // Takes the first free lease slot of the group (step 1): its key in `*key`
 // and its token, or 0 when other workers hold every slot.
 int64 take_slot(const GroupClaim& claim, const text* group_key, RegistryKey* key, int* slot) {
-    for (*slot = 0; *slot < claim.workers; (*slot)++) {
+    for (*slot = 0; *slot < claim.policy.workers; (*slot)++) {
         group_lease_key(DatumGetTextPP(claim.queue), group_key, *slot, key);
         const int64 token = group_lease_take(*key, claim.lease_us, *claim.holder);
         if (token != 0) {
@@ -179,7 +236,7 @@ int64 take_slot(const GroupClaim& claim, const text* group_key, RegistryKey* key
     return 0;
 }
 
-// Whether this claim would make more than claim.workers holders of the group:
+// Whether this claim would make more than claim.policy.workers holders of the group:
 // the claims whose lease holds in the table (`held_tokens`, never this
 // claim's), the other slots' holders in shared memory, and this claim.
 bool too_many_holders(const GroupClaim& claim, const text* group_key, int slot,
@@ -187,15 +244,15 @@ bool too_many_holders(const GroupClaim& claim, const text* group_key, int slot,
     if (held_tokens == nullptr) {
         return false;  // only the slots' holders, at most one per slot
     }
-    if (claim.workers == 1) {
+    if (claim.policy.workers == 1) {
         return true;  // a claim holds it: from before a restart, or just extended
     }
     Datum* tokens = nullptr;
     int count = 0;
-    deconstruct_array(held_tokens, INT8OID, sizeof(int64), true, TYPALIGN_DOUBLE, &tokens, nullptr,
-                      &count);
+    deconstruct_array(held_tokens, INT8OID, sizeof(int64), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
+                      &tokens, nullptr, &count);
     int holders = 1 + count;  // this claim and the table's
-    for (int other = 0; other < claim.workers; other++) {
+    for (int other = 0; other < claim.policy.workers; other++) {
         if (other == slot) {
             continue;
         }
@@ -210,7 +267,7 @@ bool too_many_holders(const GroupClaim& claim, const text* group_key, int slot,
             holders++;
         }
     }
-    return holders > claim.workers;
+    return holders > claim.policy.workers;
 }
 
 // Claims the due events of `group_key` if the group is free (steps 1-4);
@@ -225,16 +282,26 @@ uint64 claim_one_group(const GroupClaim& claim, const text* group_key, const SPI
         return 0;  // other workers hold the group (shared memory)
     }
     Datum args[3] = {claim.queue, PointerGetDatum(group_key), TimestampTzGetDatum(claim.now)};
-    run_kept_plan(&lock_group, args, nullptr, SPI_OK_SELECT, 1);
+    run_kept_plan(&group_holders, args, nullptr, SPI_OK_SELECT, 1);
+    bool is_null = true;
+    const Datum holders_datum =
+        SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null);
+    if (!is_null &&
+        too_many_holders(claim, group_key, slot, DatumGetArrayTypePCopy(holders_datum))) {
+        lock_release(key, token);
+        return 0;
+    }
+    run_kept_plan(claim.policy.strict_order ? &lock_group_strict : &lock_group, args, nullptr,
+                  SPI_OK_SELECT, 1);
     const HeapTuple row = SPI_tuptable->vals[0];
     const TupleDesc desc = SPI_tuptable->tupdesc;
-    bool is_null = true;
     const int64 due = DatumGetInt64(SPI_getbinval(row, desc, 1, &is_null));
     const int64 locked = DatumGetInt64(SPI_getbinval(row, desc, 2, &is_null));
     const Datum ids_datum = SPI_getbinval(row, desc, 3, &is_null);
     ArrayType* ids = is_null ? nullptr : DatumGetArrayTypePCopy(ids_datum);
     const int free = ids == nullptr ? 0 : ArrayGetNItems(ARR_NDIM(ids), ARR_DIMS(ids));
-    const int64 claims = DatumGetInt64(SPI_getbinval(row, desc, 4, &is_null));
+    const Datum expired_datum = SPI_getbinval(row, desc, 4, &is_null);
+    ArrayType* expired = is_null ? nullptr : DatumGetArrayTypePCopy(expired_datum);
     const Datum held_datum = SPI_getbinval(row, desc, 5, &is_null);
     ArrayType* held_tokens = is_null ? nullptr : DatumGetArrayTypePCopy(held_datum);
     if (free == 0 || locked < due || too_many_holders(claim, group_key, slot, held_tokens)) {
@@ -249,20 +316,24 @@ uint64 claim_one_group(const GroupClaim& claim, const text* group_key, const SPI
         return 0;
     }
     if (allowed < free) {
-        // Expired claims first, then the oldest events, as many as max and
-        // the bucket allow. Expired claims left out are ended for their
-        // worker now, or it could still complete them while this claim holds
-        // the group.
-        if (allowed < claims) {
-            Datum fence_args[2] = {PointerGetDatum(ids_after(ids, static_cast<int>(allowed),
-                                                             static_cast<int>(claims))),
-                                   TimestampTzGetDatum(claim.now)};
+        // The first events (expired claims first, then the oldest; in strict
+        // order by id), as many as max and the bucket allow. Expired claims
+        // left out are ended for their worker now, or it could still complete
+        // them while this claim holds the group.
+        ids = first_ids(ids, static_cast<int>(allowed));
+        if (expired != nullptr) {
+            Datum fence_args[3] = {PointerGetDatum(expired), TimestampTzGetDatum(claim.now),
+                                   PointerGetDatum(ids)};
             run_kept_plan(&fence_claims, fence_args, nullptr, SPI_OK_SELECT);
         }
-        ids = first_ids(ids, static_cast<int>(allowed));
     }
-    const ClaimRequest request{ids,   claims > 0, claim.worker,      claim.lease,
-                               token, claim.now,  ClaimOrder::kRunAt};
+    const ClaimRequest request{ids,
+                               expired != nullptr,
+                               claim.worker,
+                               claim.lease,
+                               token,
+                               claim.now,
+                               claim.policy.strict_order ? ClaimOrder::kId : ClaimOrder::kRunAt};
     const uint64 claimed = mark_claimed(request, rows);
     if (claimed == 0) {  // every due event was out of attempts
         lock_release(key, token);
@@ -336,7 +407,7 @@ Datum claim_group(FunctionCallInfo fcinfo) {
         return static_cast<Datum>(0);
     }
     const GroupClaim claim{&limit,
-                           group_concurrency(PG_GETARG_TEXT_PP(0)),
+                           group_policy(PG_GETARG_TEXT_PP(0)),
                            max,
                            PG_GETARG_DATUM(0),
                            PG_GETARG_DATUM(1),

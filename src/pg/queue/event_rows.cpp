@@ -37,19 +37,13 @@ ArrayType* concat_ids(ArrayType* first, ArrayType* second) {
         DirectFunctionCall2(array_cat, PointerGetDatum(first), PointerGetDatum(second)));
 }
 
-ArrayType* ids_after(ArrayType* ids, int from, int to) {
+ArrayType* first_ids(ArrayType* ids, int count) {
     Datum* elements = nullptr;
     bool* nulls = nullptr;
     int total = 0;
     deconstruct_array(ids, INT8OID, sizeof(int64), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE, &elements,
                       &nulls, &total);
-    to = std::min(to, total);
-    from = std::min(std::max(from, 0), to);
-    return ids_array(elements + from, to - from);
-}
-
-ArrayType* first_ids(ArrayType* ids, int count) {
-    return ids_after(ids, 0, count);
+    return ids_array(elements, std::min(std::max(count, 0), total));
 }
 
 void return_events(FunctionCallInfo fcinfo, const SPITupleTable* rows, uint64 count) {

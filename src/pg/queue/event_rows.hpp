@@ -12,11 +12,8 @@ ArrayType* spi_ids(uint64* count);
 // Concatenation of two bigint[] (either may be nullptr: none).
 ArrayType* concat_ids(ArrayType* first, ArrayType* second);
 
-// The ids of `ids` from position `from` (0-based) up to, not including,
-// `to` (0 <= from < to <= its length), in the current memory context.
-ArrayType* ids_after(ArrayType* ids, int from, int to);
-
-// The first `count` ids of `ids` (0 < count <= its length).
+// The first `count` ids of `ids` (0 < count <= its length), in the current
+// memory context.
 ArrayType* first_ids(ArrayType* ids, int count);
 
 // Makes the SET-returning function's result (materialized) the first `count`

@@ -2,7 +2,7 @@
 // own kind, one per (queue, group_key, slot), taken by claim_group and
 // released when the group's claim ends (group_lease_xact.hpp ties them to
 // transactions). A queue whose groups may have up to N workers at once
-// (throttle.group_concurrency) uses slots 0 to N - 1, one per claim.
+// (throttle.group_policy) uses slots 0 to N - 1, one per claim.
 #pragma once
 
 #include "pg/holder.hpp"
@@ -10,7 +10,7 @@
 
 namespace pg_throttle::pg {
 
-// The most workers throttle.group_concurrency lets hold one group.
+// The most workers throttle.group_policy lets hold one group.
 inline constexpr int kMaxGroupWorkers = 64;
 
 // The registry key of lease `slot` (0 to kMaxGroupWorkers - 1) of group

@@ -13,7 +13,8 @@
 namespace pg_throttle::pg {
 namespace {
 
-// The order: by priority first when $7 (claim), else by run_at (claim_group).
+// The order ($7, a ClaimOrder): by priority first (claim), by id (a strict
+// group), else by run_at (claim_group).
 // Due pending events only (no expired claim among them): claimed.
 KeptPlan mark_pending_claimed{
     "WITH claimed AS ("
@@ -22,9 +23,10 @@ KeptPlan mark_pending_claimed{
     "      claim_token = $4, claimed_role = $6, attempts = attempts + 1"
     "  WHERE id = ANY ($1) AND upper(state) = 'PENDING' AND attempts < max_attempts"
     "  RETURNING *)"
-    " SELECT * FROM claimed ORDER BY CASE WHEN $7 THEN priority END DESC, run_at, id",
+    " SELECT * FROM claimed"
+    " ORDER BY CASE WHEN $7 = 1 THEN priority END DESC, CASE WHEN $7 = 2 THEN id END, run_at, id",
     7,
-    {INT8ARRAYOID, TEXTOID, INTERVALOID, INT8OID, TIMESTAMPTZOID, OIDOID, BOOLOID},
+    {INT8ARRAYOID, TEXTOID, INTERVALOID, INT8OID, TIMESTAMPTZOID, OIDOID, INT4OID},
     nullptr};
 
 // The rest of them, whose attempts a retry left used up: dead.
@@ -39,20 +41,20 @@ KeptPlan mark_pending_dead{
 // With expired claims among them: throttle._mark_claimed's rules.
 KeptPlan mark_with_expired{
     "SELECT * FROM throttle._mark_claimed($1, $2, $3, $4, $5)"
-    " ORDER BY CASE WHEN $6 THEN priority END DESC, run_at, id",
+    " ORDER BY CASE WHEN $6 = 1 THEN priority END DESC, CASE WHEN $6 = 2 THEN id END, run_at, id",
     6,
-    {INT8ARRAYOID, TEXTOID, INTERVALOID, INT8OID, TIMESTAMPTZOID, BOOLOID},
+    {INT8ARRAYOID, TEXTOID, INTERVALOID, INT8OID, TIMESTAMPTZOID, INT4OID},
     nullptr};
 
 }  // namespace
 
 uint64 mark_claimed(const ClaimRequest& request, const SPITupleTable** rows) {
-    const Datum by_priority = BoolGetDatum(request.order == ClaimOrder::kPriority);
+    const Datum order = Int32GetDatum(static_cast<int32>(request.order));
     const Datum ids = PointerGetDatum(request.ids);
     const Datum now = TimestampTzGetDatum(request.now);
     if (request.any_expired) {
         Datum args[6] = {ids, request.worker, request.lease, Int64GetDatum(request.token),
-                         now, by_priority};
+                         now, order};
         run_kept_plan(&mark_with_expired, args, nullptr, SPI_OK_SELECT);
         *rows = SPI_tuptable;
         return SPI_processed;
@@ -60,7 +62,7 @@ uint64 mark_claimed(const ClaimRequest& request, const SPITupleTable** rows) {
     Datum args[7] = {ids,           request.worker,
                      request.lease, Int64GetDatum(request.token),
                      now,           ObjectIdGetDatum(GetOuterUserId()),
-                     by_priority};
+                     order};
     run_kept_plan(&mark_pending_claimed, args, nullptr, SPI_OK_SELECT);
     *rows = SPI_tuptable;  // kept until SPI_finish
     const uint64 claimed = SPI_processed;

@@ -9,9 +9,10 @@
 namespace pg_throttle::pg {
 
 // The order in which a claim returns its events.
-enum class ClaimOrder {
-    kPriority,  // claim: higher priority first, then the oldest
-    kRunAt,     // claim_group: the group's events oldest first
+enum class ClaimOrder : int32 {
+    kRunAt = 0,     // claim_group: the group's events oldest first
+    kPriority = 1,  // claim: higher priority first, then the oldest
+    kId = 2,        // claim_group of a strict group: in the order they were scheduled
 };
 
 struct ClaimRequest {
