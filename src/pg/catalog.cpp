@@ -18,15 +18,6 @@ KeptPlan queue_bucket_query{
     {TEXTOID},
     nullptr};
 
-// FOR SHARE: a change of the policy waits for the claims that read it to
-// end (or, under repeatable read, a claim that read an older one fails with
-// 40001), so a lowered workers holds exactly for every claim after it.
-KeptPlan group_policy_query{
-    "SELECT workers, strict_order FROM throttle.group_policy WHERE queue = $1 FOR SHARE",
-    1,
-    {TEXTOID},
-    nullptr};
-
 // Runs `query` for `name`; on the row found, `extract` copies what it needs
 // before SPI memory goes away. Returns whether a row was found.
 bool lookup(KeptPlan* query, const text* name,
@@ -77,19 +68,6 @@ void extract_queue_bucket(HeapTuple row, TupleDesc desc, void* ctx) {
     memcpy(VARDATA(found->name), VARDATA_ANY(name), size - VARHDRSZ);
 }
 
-void extract_group_policy(HeapTuple row, TupleDesc desc, void* ctx) {
-    auto* policy = static_cast<GroupPolicy*>(ctx);
-    bool is_null = false;
-    const Datum workers = SPI_getbinval(row, desc, 1, &is_null);
-    if (!is_null) {  // NOT NULL in the catalog
-        policy->workers = DatumGetInt32(workers);
-    }
-    const Datum strict_order = SPI_getbinval(row, desc, 2, &is_null);
-    if (!is_null) {
-        policy->strict_order = DatumGetBool(strict_order);
-    }
-}
-
 [[noreturn]] void raise_undeclared(const char* what, const text* name, const char* hint) {
     ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT),
                     errmsg("%s \"%s\" is not declared", what, text_to_cstring(name)),
@@ -127,12 +105,6 @@ bool queue_bucket(const text* queue, text** name, DeclaredBucket* bucket) {
     *name = found.name;
     *bucket = found.bucket;
     return true;
-}
-
-GroupPolicy group_policy(const text* queue) {
-    GroupPolicy policy{1, false};
-    (void)lookup(&group_policy_query, queue, extract_group_policy, &policy);
-    return policy;
 }
 
 }  // namespace pg_throttle::pg

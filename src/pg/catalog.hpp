@@ -25,13 +25,4 @@ DeclaredBucket declared_bucket(const text* key);
 // the call) and shape.
 bool queue_bucket(const text* queue, text** name, DeclaredBucket* bucket);
 
-// How claim_group hands out the groups of `queue` (throttle.group_policy).
-struct GroupPolicy {
-    int32 workers;      // how many claims may hold one group at once
-    bool strict_order;  // events in id order, a failed one holding back the rest
-};
-
-// The policy of `queue`: one worker, no strict order when it is not declared.
-GroupPolicy group_policy(const text* queue);
-
 }  // namespace pg_throttle::pg

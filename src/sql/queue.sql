@@ -146,6 +146,17 @@ COMMENT ON COLUMN throttle.group_policy.strict_order IS 'A group''s events run i
 GRANT SELECT ON throttle.group_policy TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('throttle.group_policy', '');
 
+CREATE FUNCTION throttle._group_policy_changes()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'pg_throttle_group_policy_changes'
+LANGUAGE C;
+COMMENT ON FUNCTION throttle._group_policy_changes() IS
+    'Internal: makes a statement that changes throttle.group_policy wait for the claim_group calls in progress (and the calls after it wait for its commit), so a lowered workers holds exactly.';
+REVOKE EXECUTE ON FUNCTION throttle._group_policy_changes() FROM PUBLIC;
+CREATE TRIGGER group_policy_changes
+    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON throttle.group_policy
+    FOR EACH STATEMENT EXECUTE FUNCTION throttle._group_policy_changes();
+
 CREATE FUNCTION throttle._require(value anyelement, what text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
@@ -474,7 +485,7 @@ COMMENT ON FUNCTION throttle.reschedule(text, text, timestamptz) IS
 -- which under churn hold many dead entries) and sees what the one before
 -- it changed.
 CREATE FUNCTION throttle._mark_claimed(ids bigint[], worker text, lease interval, token bigint,
-                                       now timestamptz)
+                                       now timestamptz, uncharged bigint[] DEFAULT '{}')
 RETURNS SETOF throttle.event
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -493,23 +504,27 @@ BEGIN
     WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.lease_until <= now
       AND EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
                   WHERE u.queue = e.queue AND u.item_key = e.item_key AND u.state = 'pending');
+    -- Expired claims in uncharged never ran (they waited behind an earlier
+    -- event of their strict group): their attempt is given back, so this
+    -- claim leaves their count as it was and never makes them dead.
     UPDATE throttle.event e SET state = 'dead', completed_at = now, completed_by = e.claimed_by,
            last_error = coalesce(e.last_error, 'lease expired ' || e.attempts || ' times'),
            failed_at = CASE WHEN upper(e.state) = 'CLAIMED' THEN e.lease_until ELSE e.failed_at END
-    WHERE e.id = ANY (ids) AND e.attempts >= e.max_attempts
+    WHERE e.id = ANY (ids) AND e.attempts >= e.max_attempts AND NOT e.id = ANY (uncharged)
       AND (upper(e.state) = 'PENDING' OR (upper(e.state) = 'CLAIMED' AND e.lease_until <= now));
     RETURN QUERY
     UPDATE throttle.event e
     SET state = 'claimed', claimed_at = now, claimed_by = worker, lease_until = now + lease,
-        claim_token = token, claimed_role = throttle._caller_role(), attempts = e.attempts + 1,
+        claim_token = token, claimed_role = throttle._caller_role(),
+        attempts = e.attempts + CASE WHEN e.id = ANY (uncharged) THEN 0 ELSE 1 END,
         failed_at = CASE WHEN upper(e.state) = 'CLAIMED' THEN e.lease_until ELSE e.failed_at END
-    WHERE e.id = ANY (ids) AND e.attempts < e.max_attempts
+    WHERE e.id = ANY (ids) AND (e.attempts < e.max_attempts OR e.id = ANY (uncharged))
       AND (upper(e.state) = 'PENDING' OR (upper(e.state) = 'CLAIMED' AND e.lease_until <= now))
     RETURNING e.*;
 END
 $$;
-COMMENT ON FUNCTION throttle._mark_claimed(bigint[], text, interval, bigint, timestamptz) IS
-    'Internal: claims events for a worker and the calling role with token; makes dead those whose attempts are used up, and cancels expired claims superseded by a newer pending run of their item_key. Records the expired claims'' attempts in throttle.event_attempt.';
+COMMENT ON FUNCTION throttle._mark_claimed(bigint[], text, interval, bigint, timestamptz, bigint[]) IS
+    'Internal: claims events for a worker and the calling role with token; makes dead those whose attempts are used up, and cancels expired claims superseded by a newer pending run of their item_key. Records the expired claims'' attempts in throttle.event_attempt. Expired claims in uncharged keep their attempts (their earlier claim never ran them).';
 
 CREATE FUNCTION throttle.claim(queue text, worker text, lease interval DEFAULT '5 minutes',
                                max integer DEFAULT 1)

@@ -188,6 +188,18 @@ def strict_rules(tap):
     cur.execute("SELECT throttle.cancel(%s, 'h1')", (STRICT,))
     tap.ok(claim(cur, "f", max_=None, queue=STRICT)[0] == [h2] and h1 < h2,
            "once it is cancelled, the later one runs")
+    # Expired claims: only the first event of each ran, so only it is charged.
+    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (STRICT,))
+    xs = [rows(cur, "SELECT throttle.schedule(%s, %s, throttle.now(), group_key => 'x',"
+                    " max_attempts => 2)", (STRICT, f"x{n}"))[0][0] for n in range(1, 4)]
+    for minute in ("13:00", "13:02", "13:04"):
+        cur.execute(f"SET pg_throttle.test_clock = '2030-01-01 {minute}:00+00'")
+        last = rows(cur, "SELECT id, attempts FROM throttle.claim_group(%s, 'x', '1 minute')",
+                    (STRICT,))
+    tap.ok(last == [(xs[1], 1), (xs[2], 1)]
+           and rows(cur, "SELECT state FROM throttle.event WHERE id = %s", (xs[0],)) == [("dead",)],
+           "a strict claim that expires charges its first event only: it dies, the rest go on uncharged",
+           f"last claim: {last}, ids {xs}")
     tap.is_(sql_error(conn, "INSERT INTO throttle.group_policy VALUES ('it.y', 2, true)")[0],
             "23514", "strict order with more than one worker per group is refused (23514)")
     cur.execute("DELETE FROM throttle.group_policy WHERE queue = %s", (STRICT,))
@@ -280,17 +292,27 @@ def isolation(tap):
     b, _ = claim(cur, "b", queue=ISOLATION)
 
     # Lowered while a repeatable-read transaction holds a snapshot from before:
-    # its claim fails rather than admit a third holder by the old limit.
+    # its claim applies the new limit, not the one its snapshot shows.
     old = connect(autocommit=False)
     old_cur = old.cursor()
     old_cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
     old_cur.execute("SELECT 1")
     cur.execute("UPDATE throttle.group_policy SET workers = 2 WHERE queue = %s", (ISOLATION,))
     tap.is_(claim(cur, "y", queue=ISOLATION)[0], [], "lowered to 2 with 2 holding: no third")
-    tap.is_((sql_error(old, "SELECT * FROM throttle.claim_group(%s, 'x', '1 minute', 1)",
-                       (ISOLATION,)) or [None])[0], "40001",
-            "a claim whose snapshot predates the change fails (40001) instead of using the old limit")
+    tap.is_(claim(old_cur, "x", queue=ISOLATION)[0], [],
+            "nor for a repeatable-read claim whose snapshot predates the change")
     old.rollback()
+
+    # A change waits for the claims in progress, also a new row (nothing to
+    # lock a row of); and a poll that claims nothing writes nothing.
+    old_cur.execute("SELECT * FROM throttle.claim_group(%s, 'z', '1 minute', 1)", (ISOLATION,))
+    old_cur.execute("SELECT pg_current_xact_id_if_assigned() IS NULL")
+    tap.is_(old_cur.fetchone()[0], True, "a claim_group that claims nothing takes no transaction id")
+    cur.execute("SET lock_timeout = '300ms'")
+    tap.is_((sql_error(conn, "INSERT INTO throttle.group_policy VALUES ('it.new', 2)") or [None])[0],
+            "55P03", "a change of the policy waits for a claim_group in progress")
+    old.rollback()
+    cur.execute("RESET lock_timeout")
     cur.execute("UPDATE throttle.group_policy SET workers = 3 WHERE queue = %s", (ISOLATION,))
 
     # A claim left in an open transaction never locks another claim's events.
@@ -400,7 +422,7 @@ def race(tap):
 
 
 def main():
-    tap = Tap(43)
+    tap = Tap(46)
     rules(tap)
     isolation(tap)
     race(tap)

@@ -130,6 +130,14 @@ def fill(conn):
 STATES = "SELECT state, item_key, attempts, claimed_by FROM throttle.event ORDER BY id"
 
 
+# Functions whose privileges an operator changed under 0.1.0: their
+# signature there, and in the current version.
+OPERATOR_ACL = {
+    "throttle.claim_group(text, text, interval)": "throttle.claim_group(text, text, interval, integer)",
+    "throttle.complete(bigint[], text)": "throttle.complete(bigint[], bigint)",
+}
+
+
 def main():
     tap = Tap(17)
     admin = connect()
@@ -165,18 +173,20 @@ def main():
     tap.is_(one(old, "SELECT count(*) FROM throttle.claim_group('legacy', 'w', '1 minute')")[0], 1,
             "before the update, 0.1.0's claim_group works on the new module")
     execute(old, "ROLLBACK")
-    # An operator took claim_group from PUBLIC and gave it to one role; the
-    # update, which gives claim_group a new signature, keeps that.
+    # An operator took claim_group and complete from PUBLIC and gave them to
+    # one role; the update, which gives both a new signature, keeps that.
     for role in ("pgt_upgrade_worker", "pgt_upgrade_other"):
         execute(admin, f"DROP ROLE IF EXISTS {role}")
         execute(admin, f"CREATE ROLE {role}")
-    execute(old, "REVOKE EXECUTE ON FUNCTION throttle.claim_group(text, text, interval) FROM PUBLIC")
-    execute(old, "GRANT EXECUTE ON FUNCTION throttle.claim_group(text, text, interval) TO pgt_upgrade_worker")
+    for old_signature in OPERATOR_ACL:
+        execute(old, f"REVOKE EXECUTE ON FUNCTION {old_signature} FROM PUBLIC")
+        execute(old, f"GRANT EXECUTE ON FUNCTION {old_signature} TO pgt_upgrade_worker")
     execute(old, "ALTER EXTENSION pg_throttle UPDATE")
-    tap.is_(one(old, "SELECT has_function_privilege('pgt_upgrade_worker', f, 'EXECUTE'),"
-                     " has_function_privilege('pgt_upgrade_other', f, 'EXECUTE')"
-                     " FROM CAST('throttle.claim_group(text, text, interval, integer)' AS regprocedure) f"),
-            (True, False), "claim_group keeps the privileges an operator gave it across the update")
+    tap.is_([one(old, "SELECT has_function_privilege('pgt_upgrade_worker', CAST(%s AS regprocedure), 'EXECUTE'),"
+                      " has_function_privilege('pgt_upgrade_other', CAST(%s AS regprocedure), 'EXECUTE')",
+                 (new, new)) for new in OPERATOR_ACL.values()],
+            [(True, False)] * len(OPERATOR_ACL),
+            "claim_group and complete keep the privileges an operator gave them across the update")
     tap.is_(one(old, "SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle'")[0],
             one(admin, "SELECT default_version FROM pg_available_extensions WHERE name = 'pg_throttle'")[0],
             "ALTER EXTENSION pg_throttle UPDATE reaches the current version")
@@ -192,9 +202,9 @@ def main():
 
     fresh = connect(dbname=FRESH_DB)
     execute(fresh, "CREATE EXTENSION pg_throttle")
-    execute(fresh, "REVOKE EXECUTE ON FUNCTION throttle.claim_group(text, text, interval, integer) FROM PUBLIC")
-    execute(fresh, "GRANT EXECUTE ON FUNCTION throttle.claim_group(text, text, interval, integer)"
-                   " TO pgt_upgrade_worker")
+    for new_signature in OPERATOR_ACL.values():
+        execute(fresh, f"REVOKE EXECUTE ON FUNCTION {new_signature} FROM PUBLIC")
+        execute(fresh, f"GRANT EXECUTE ON FUNCTION {new_signature} TO pgt_upgrade_worker")
     with old.cursor() as cur:
         cur.execute(CATALOG)
         updated = [r[0] for r in cur.fetchall()]

@@ -156,8 +156,8 @@ Datum claim(FunctionCallInfo fcinfo) {
     const int64 token = new_claim_token();
     require_durable_commit();
     const ClaimRequest request{
-        ids,   expired_count > 0,        PG_GETARG_DATUM(1),   PG_GETARG_DATUM(2),
-        token, DatumGetTimestampTz(now), ClaimOrder::kPriority};
+        ids,   expired_count > 0,        PG_GETARG_DATUM(1),    PG_GETARG_DATUM(2),
+        token, DatumGetTimestampTz(now), ClaimOrder::kPriority, nullptr};
     const SPITupleTable* claimed = nullptr;
     const uint64 claimed_count = mark_claimed(request, &claimed);
     return_events(fcinfo, claimed, claimed_count);

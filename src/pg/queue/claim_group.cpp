@@ -31,7 +31,6 @@
 //     all had their attempts used up is released, and the next one tried.
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
-#include "pg/catalog.hpp"
 #include "pg/clock.hpp"
 #include "pg/holder.hpp"
 #include "pg/kept_plan.hpp"
@@ -40,6 +39,7 @@
 #include "pg/queue/durable_commit.hpp"
 #include "pg/queue/event_rows.hpp"
 #include "pg/queue/group_lease.hpp"
+#include "pg/queue/group_policy.hpp"
 #include "pg/queue/mark_claimed.hpp"
 #include "pg/registry.hpp"
 
@@ -155,6 +155,17 @@ KeptPlan lock_group_strict{
     "        (SELECT array_agg(DISTINCT grp.claim_token) FROM grp WHERE grp.holds)",
     3,
     {TEXTOID, TEXTOID, TIMESTAMPTZOID},
+    nullptr};
+
+// The expired claims of $1 after the first (by id) of each old claim: in a
+// strict group they waited behind it and never ran.
+KeptPlan never_ran{
+    "SELECT coalesce(array_agg(e.id), '{}') FROM throttle.event e"
+    " WHERE e.id = ANY ($1)"
+    "   AND e.id > (SELECT min(x.id) FROM throttle.event x"
+    "               WHERE x.id = ANY ($1) AND x.claim_token = e.claim_token)",
+    1,
+    {INT8ARRAYOID},
     nullptr};
 
 // Expired claims ($1) that this claim does not take ($3) ended for their
@@ -308,6 +319,15 @@ uint64 claim_one_group(const GroupClaim& claim, const text* group_key, const SPI
         lock_release(key, token);
         return 0;
     }
+    // In a strict group only the first event of an expired claim ran (its
+    // worker went in order and stopped there): the others are not charged.
+    ArrayType* uncharged = nullptr;
+    if (claim.policy.strict_order && expired != nullptr) {
+        Datum expired_args[1] = {PointerGetDatum(expired)};
+        run_kept_plan(&never_ran, expired_args, nullptr, SPI_OK_SELECT, 1);
+        uncharged = DatumGetArrayTypePCopy(
+            SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
+    }
     const int64 allowed =
         claim_limit_take(*claim.limit, claim.now, std::min<int64>(free, claim.max));
     if (allowed == 0) {  // the queue's bucket is empty: no group now
@@ -333,7 +353,8 @@ uint64 claim_one_group(const GroupClaim& claim, const text* group_key, const SPI
                                claim.lease,
                                token,
                                claim.now,
-                               claim.policy.strict_order ? ClaimOrder::kId : ClaimOrder::kRunAt};
+                               claim.policy.strict_order ? ClaimOrder::kId : ClaimOrder::kRunAt,
+                               uncharged};
     const uint64 claimed = mark_claimed(request, rows);
     if (claimed == 0) {  // every due event was out of attempts
         lock_release(key, token);
@@ -407,7 +428,7 @@ Datum claim_group(FunctionCallInfo fcinfo) {
         return static_cast<Datum>(0);
     }
     const GroupClaim claim{&limit,
-                           group_policy(PG_GETARG_TEXT_PP(0)),
+                           group_policy_for_claim(PG_GETARG_TEXT_PP(0)),
                            max,
                            PG_GETARG_DATUM(0),
                            PG_GETARG_DATUM(1),

@@ -40,10 +40,10 @@ KeptPlan mark_pending_dead{
 
 // With expired claims among them: throttle._mark_claimed's rules.
 KeptPlan mark_with_expired{
-    "SELECT * FROM throttle._mark_claimed($1, $2, $3, $4, $5)"
+    "SELECT * FROM throttle._mark_claimed($1, $2, $3, $4, $5, coalesce($7, '{}'))"
     " ORDER BY CASE WHEN $6 = 1 THEN priority END DESC, CASE WHEN $6 = 2 THEN id END, run_at, id",
-    6,
-    {INT8ARRAYOID, TEXTOID, INTERVALOID, INT8OID, TIMESTAMPTZOID, INT4OID},
+    7,
+    {INT8ARRAYOID, TEXTOID, INTERVALOID, INT8OID, TIMESTAMPTZOID, INT4OID, INT8ARRAYOID},
     nullptr};
 
 }  // namespace
@@ -53,9 +53,16 @@ uint64 mark_claimed(const ClaimRequest& request, const SPITupleTable** rows) {
     const Datum ids = PointerGetDatum(request.ids);
     const Datum now = TimestampTzGetDatum(request.now);
     if (request.any_expired) {
-        Datum args[6] = {ids, request.worker, request.lease, Int64GetDatum(request.token),
-                         now, order};
-        run_kept_plan(&mark_with_expired, args, nullptr, SPI_OK_SELECT);
+        Datum args[7] = {ids,
+                         request.worker,
+                         request.lease,
+                         Int64GetDatum(request.token),
+                         now,
+                         order,
+                         PointerGetDatum(request.uncharged)};
+        const char nulls[8] = {
+            ' ', ' ', ' ', ' ', ' ', ' ', request.uncharged == nullptr ? 'n' : ' ', '\0'};
+        run_kept_plan(&mark_with_expired, args, nulls, SPI_OK_SELECT);
         *rows = SPI_tuptable;
         return SPI_processed;
     }

@@ -23,6 +23,7 @@ struct ClaimRequest {
     int64 token;
     TimestampTz now;
     ClaimOrder order;
+    ArrayType* uncharged;  // expired claims among ids not charged an attempt; nullptr: none
 };
 
 // Marks the events; the rows claimed (whole rows of throttle.event, in

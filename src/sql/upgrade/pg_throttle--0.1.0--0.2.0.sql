@@ -41,6 +41,18 @@ GRANT SELECT (id, queue, item_key, group_key, payload, run_at, state, attempts, 
 -- pg_dump keeps the event ids' sequence with the events (0.1.0 restored
 -- them beside a sequence that started again at 1).
 SELECT pg_catalog.pg_extension_config_dump('throttle.event_id_seq', '');
+-- complete, fail, extend, schedule and claim_group get new signatures: they
+-- are dropped and created again. The privileges an operator gave or took on
+-- them are saved here and made again on the new ones at the end (purge is
+-- not carried over: 0.2.0 takes it from PUBLIC, as it can delete events).
+SELECT pg_catalog.set_config('pg_throttle_upgrade.acl_' || p.proname,
+                             coalesce(p.proacl::text, 'default'), true)
+FROM pg_catalog.pg_proc p
+WHERE p.oid IN ('throttle.complete(bigint[], text)'::regprocedure,
+                'throttle.fail(bigint[], text, text, interval)'::regprocedure,
+                'throttle.extend(bigint[], text, interval)'::regprocedure,
+                'throttle.schedule(text, text, timestamptz, jsonb, text, integer)'::regprocedure,
+                'throttle.claim_group(text, text, interval)'::regprocedure);
 DROP FUNCTION throttle.complete(bigint[], text);
 DROP FUNCTION throttle.fail(bigint[], text, text, interval);
 DROP FUNCTION throttle.extend(bigint[], text, interval);
@@ -108,6 +120,17 @@ COMMENT ON COLUMN throttle.group_policy.workers IS 'How many claims may hold one
 COMMENT ON COLUMN throttle.group_policy.strict_order IS 'A group''s events run in the order they were scheduled (by id): each waits for its run_at and for every earlier event of the group to complete, die or be cancelled; a failed event holds back the later ones. Needs workers = 1.';
 GRANT SELECT ON throttle.group_policy TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('throttle.group_policy', '');
+
+CREATE FUNCTION throttle._group_policy_changes()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'pg_throttle_group_policy_changes'
+LANGUAGE C;
+COMMENT ON FUNCTION throttle._group_policy_changes() IS
+    'Internal: makes a statement that changes throttle.group_policy wait for the claim_group calls in progress (and the calls after it wait for its commit), so a lowered workers holds exactly.';
+REVOKE EXECUTE ON FUNCTION throttle._group_policy_changes() FROM PUBLIC;
+CREATE TRIGGER group_policy_changes
+    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON throttle.group_policy
+    FOR EACH STATEMENT EXECUTE FUNCTION throttle._group_policy_changes();
 
 -- reset knows the queue buckets.
 COMMENT ON FUNCTION throttle.reset(text, text) IS
@@ -751,8 +774,10 @@ $$;
 COMMENT ON FUNCTION throttle.cancel(text, text) IS
     'Cancels the pending event item_key of the queue; false when there is none. The row stays, state cancelled, with cancelled_at and cancelled_by.';
 
-CREATE OR REPLACE FUNCTION throttle._mark_claimed(ids bigint[], worker text, lease interval, token bigint,
-                                       now timestamptz)
+-- _mark_claimed learns which expired claims are not charged an attempt.
+DROP FUNCTION throttle._mark_claimed(bigint[], text, interval, bigint, timestamptz);
+CREATE FUNCTION throttle._mark_claimed(ids bigint[], worker text, lease interval, token bigint,
+                                       now timestamptz, uncharged bigint[] DEFAULT '{}')
 RETURNS SETOF throttle.event
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -771,23 +796,27 @@ BEGIN
     WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.lease_until <= now
       AND EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
                   WHERE u.queue = e.queue AND u.item_key = e.item_key AND u.state = 'pending');
+    -- Expired claims in uncharged never ran (they waited behind an earlier
+    -- event of their strict group): their attempt is given back, so this
+    -- claim leaves their count as it was and never makes them dead.
     UPDATE throttle.event e SET state = 'dead', completed_at = now, completed_by = e.claimed_by,
            last_error = coalesce(e.last_error, 'lease expired ' || e.attempts || ' times'),
            failed_at = CASE WHEN upper(e.state) = 'CLAIMED' THEN e.lease_until ELSE e.failed_at END
-    WHERE e.id = ANY (ids) AND e.attempts >= e.max_attempts
+    WHERE e.id = ANY (ids) AND e.attempts >= e.max_attempts AND NOT e.id = ANY (uncharged)
       AND (upper(e.state) = 'PENDING' OR (upper(e.state) = 'CLAIMED' AND e.lease_until <= now));
     RETURN QUERY
     UPDATE throttle.event e
     SET state = 'claimed', claimed_at = now, claimed_by = worker, lease_until = now + lease,
-        claim_token = token, claimed_role = throttle._caller_role(), attempts = e.attempts + 1,
+        claim_token = token, claimed_role = throttle._caller_role(),
+        attempts = e.attempts + CASE WHEN e.id = ANY (uncharged) THEN 0 ELSE 1 END,
         failed_at = CASE WHEN upper(e.state) = 'CLAIMED' THEN e.lease_until ELSE e.failed_at END
-    WHERE e.id = ANY (ids) AND e.attempts < e.max_attempts
+    WHERE e.id = ANY (ids) AND (e.attempts < e.max_attempts OR e.id = ANY (uncharged))
       AND (upper(e.state) = 'PENDING' OR (upper(e.state) = 'CLAIMED' AND e.lease_until <= now))
     RETURNING e.*;
 END
 $$;
-COMMENT ON FUNCTION throttle._mark_claimed(bigint[], text, interval, bigint, timestamptz) IS
-    'Internal: claims events for a worker and the calling role with token; makes dead those whose attempts are used up, and cancels expired claims superseded by a newer pending run of their item_key. Records the expired claims'' attempts in throttle.event_attempt.';
+COMMENT ON FUNCTION throttle._mark_claimed(bigint[], text, interval, bigint, timestamptz, bigint[]) IS
+    'Internal: claims events for a worker and the calling role with token; makes dead those whose attempts are used up, and cancels expired claims superseded by a newer pending run of their item_key. Records the expired claims'' attempts in throttle.event_attempt. Expired claims in uncharged keep their attempts (their earlier claim never ran them).';
 
 CREATE OR REPLACE FUNCTION throttle.claim(queue text, worker text, lease interval DEFAULT '5 minutes',
                                max integer DEFAULT 1)
@@ -797,11 +826,7 @@ LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION throttle.claim(text, text, interval, integer) IS
     'Claims up to max due events without a group_key for worker until lease: claims whose lease expired, then pending events with run_at <= now, higher priority first, then oldest first; never waits for rows another worker is claiming. The events carry the claim''s claim_token, which complete, fail and extend need. Grouped events are claimed with throttle.claim_group.';
 
--- claim_group gains max: a new signature, with the privileges the old one
--- had (an operator may have revoked it from PUBLIC), carried over below.
-SELECT pg_catalog.set_config('pg_throttle_upgrade.claim_group_acl',
-                             coalesce(proacl::text, ''), true)
-FROM pg_catalog.pg_proc WHERE oid = 'throttle.claim_group(text, text, interval)'::regprocedure;
+-- claim_group gains max: a new signature.
 DROP FUNCTION throttle.claim_group(text, text, interval);
 CREATE FUNCTION throttle.claim_group(queue text, worker text, lease interval DEFAULT '5 minutes',
                                      max integer DEFAULT NULL)
@@ -810,25 +835,6 @@ AS 'MODULE_PATHNAME', 'pg_throttle_claim_group'
 LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION throttle.claim_group(text, text, interval, integer) IS
     'Claims the due events of one group of the queue (every one, or the oldest max) for worker until lease. While the lease holds no other worker gets any event of that group, including events that become due meanwhile; a queue in throttle.group_policy lets that many claims hold a group at once, each with events no other holds, or keeps a group''s events in strict order. Returns no rows when no group is free.';
-DO $$
-DECLARE
-    acl text := current_setting('pg_throttle_upgrade.claim_group_acl', true);
-    granted record;
-BEGIN
-    IF coalesce(acl, '') = '' THEN
-        RETURN;  -- the default privileges, which the new function has too
-    END IF;
-    REVOKE EXECUTE ON FUNCTION throttle.claim_group(text, text, interval, integer) FROM PUBLIC;
-    FOR granted IN SELECT a.grantee, a.is_grantable FROM pg_catalog.aclexplode(acl::aclitem[]) AS a
-                   WHERE a.privilege_type = 'EXECUTE'
-    LOOP
-        EXECUTE format('GRANT EXECUTE ON FUNCTION throttle.claim_group(text, text, interval, integer) TO %s%s',
-                       CASE WHEN granted.grantee = 0 THEN 'PUBLIC'
-                            ELSE quote_ident(pg_catalog.pg_get_userbyid(granted.grantee)) END,
-                       CASE WHEN granted.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
-    END LOOP;
-END
-$$;
 
 CREATE OR REPLACE FUNCTION throttle._release_groups(finished throttle.event[])
 RETURNS void
@@ -868,3 +874,42 @@ COMMENT ON FUNCTION throttle.retry(bigint) IS
 DROP FUNCTION throttle._claim_one_group(text, text, text, interval, timestamptz);
 DROP FUNCTION throttle._group_held(text, text, timestamptz);
 DROP FUNCTION throttle._group_take(text, text, text, interval);
+
+-- The saved privileges, made again on the new signatures (by the extension
+-- owner: a grant another role made is now the owner's). A function that had
+-- the default privileges gets PUBLIC's EXECUTE, as under 0.1.0, whatever
+-- ALTER DEFAULT PRIVILEGES says now.
+DO $$
+DECLARE
+    f record;
+    acl text;
+    granted record;
+BEGIN
+    FOR f IN SELECT * FROM (VALUES
+                 ('complete', 'throttle.complete(bigint[], bigint)'),
+                 ('fail', 'throttle.fail(bigint[], bigint, text, interval)'),
+                 ('extend', 'throttle.extend(bigint[], bigint, interval)'),
+                 ('schedule', 'throttle.schedule(text, text, timestamptz, jsonb, text, integer, integer, text)'),
+                 ('claim_group', 'throttle.claim_group(text, text, interval, integer)')) AS v(name, signature)
+    LOOP
+        acl := current_setting('pg_throttle_upgrade.acl_' || f.name, true);
+        IF coalesce(acl, '') = '' THEN
+            CONTINUE;  -- not saved
+        ELSIF acl = 'default' THEN
+            IF NOT has_function_privilege('public', f.signature, 'EXECUTE') THEN
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', f.signature);
+            END IF;
+            CONTINUE;
+        END IF;
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f.signature);
+        FOR granted IN SELECT a.grantee, a.is_grantable FROM pg_catalog.aclexplode(acl::aclitem[]) AS a
+                       WHERE a.privilege_type = 'EXECUTE'
+        LOOP
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s%s', f.signature,
+                           CASE WHEN granted.grantee = 0 THEN 'PUBLIC'
+                                ELSE quote_ident(pg_catalog.pg_get_userbyid(granted.grantee)) END,
+                           CASE WHEN granted.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+        END LOOP;
+    END LOOP;
+END
+$$;
