@@ -8,7 +8,8 @@
 //                         workers at once
 //   enqueue               JOBS jobs from one connection, one call each and in batches
 //
-// Contenders: throttle.claim / claim_group / schedule; the FOR UPDATE SKIP
+// Contenders: throttle.claim / claim_group / schedule (and claim with the
+// last claim's complete in its transaction: one flush per job); the FOR UPDATE SKIP
 // LOCKED recipe (transaction open while the job runs); the advisory-lock
 // cursor recipe for groups (the same); graphile-worker (job queues for
 // groups, its local queue for batches); pg-boss (batchSize, group +
@@ -183,6 +184,25 @@ const drain = {
         await c.query("SELECT throttle.complete($1::bigint[], $2)", [rows.map((r) => r.id), rows[0].claim_token]);
       }
     }),
+  // The end of the last claim and the next claim in one transaction: one
+  // durable commit per job instead of two, to see what the flushes cost. No
+  // transaction stays open while working.
+  throttlePipelined: (queue, batch) =>
+    onWorkers(async (c, name) => {
+      let last = null;
+      for (;;) {
+        await c.query("BEGIN");
+        if (last) await c.query("SELECT throttle.complete($1::bigint[], $2)", last);
+        const { rows } = await c.query("SELECT id, claim_token FROM throttle.claim($1, $2, '1 minute', $3)", [
+          queue,
+          name,
+          batch,
+        ]);
+        await c.query("COMMIT");
+        if (rows.length === 0) return;
+        last = [rows.map((r) => r.id), rows[0].claim_token];
+      }
+    }),
   throttleGroups: (queue) =>
     onWorkers(async (c, name) => {
       for (;;) {
@@ -336,6 +356,7 @@ async function clearEnqueued() {
 // ---- the runs ---------------------------------------------------------------
 const runs = [
   ["drain, 1 per claim", "throttle.claim + throttle.complete", () => fill.throttle("nq.one", false), () => drain.throttle("nq.one", 1)],
+  ["drain, 1 per claim", "throttle.complete of the last claim + throttle.claim, one transaction", () => fill.throttle("nq.one", false), () => drain.throttlePipelined("nq.one", 1)],
   ["drain, 1 per claim", "FOR UPDATE SKIP LOCKED recipe (transaction open while working)", fill.recipe, () => drain.recipe(1)],
   ["drain, 1 per claim", "graphile-worker 0.18", () => fill.graphile(false), () => drain.graphile(0)],
   ["drain, 1 per claim", "pg-boss 12", () => fill.boss("nq1", false), () => drain.boss("nq1", { batchSize: 1 })],
