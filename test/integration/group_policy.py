@@ -202,6 +202,14 @@ def strict_rules(tap):
            f"last claim: {last}, ids {xs}")
     tap.is_(sql_error(conn, "INSERT INTO throttle.group_policy VALUES ('it.y', 2, true)")[0],
             "23514", "strict order with more than one worker per group is refused (23514)")
+    # A batch runs in the order of its arrays, not of its keys.
+    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (STRICT,))
+    cur.execute("SELECT throttle.schedule_many(%s, ARRAY['z-first', 'a-second', 'm-third'],"
+                " array_fill(throttle.now(), ARRAY[3]), NULL, array_fill('b'::text, ARRAY[3]))",
+                (STRICT,))
+    tap.is_(rows(cur, "SELECT array_agg(item_key) FROM throttle.claim_group(%s, 'b', '1 minute')",
+                 (STRICT,))[0][0], ["z-first", "a-second", "m-third"],
+            "a schedule_many batch in a strict group runs in the order of its item_keys array")
     cur.execute("DELETE FROM throttle.group_policy WHERE queue = %s", (STRICT,))
     conn.close()
 
@@ -422,7 +430,7 @@ def race(tap):
 
 
 def main():
-    tap = Tap(46)
+    tap = Tap(47)
     rules(tap)
     isolation(tap)
     race(tap)

@@ -303,17 +303,24 @@ BEGIN
     -- costs less than ON CONFLICT's speculative one, and less than looking
     -- the keys up first. When one of them has a pending event, or is named
     -- twice, it raises unique_violation, and the general statement below runs.
+    -- Ids are drawn in the order of item_keys, as calls of schedule one after
+    -- the other would draw them (a group kept in strict order runs in id
+    -- order); rows go in in bytewise item_key order (see below).
     BEGIN
         WITH batch AS (
             SELECT b.k AS item_key, b.r AS run_at, coalesce(b.p, '{}') AS payload, b.g AS group_key,
                    b.ord
             FROM unnest(item_keys, run_at, payloads, group_keys) WITH ORDINALITY AS b(k, r, p, g, ord)),
+        numbered AS (
+            SELECT o.*, nextval('throttle.event_id_seq') AS id
+            FROM (SELECT * FROM batch ORDER BY batch.ord OFFSET 0) AS o),
         scheduled AS (
-            INSERT INTO throttle.event AS e (queue, item_key, group_key, payload, run_at, max_attempts,
-                                             enqueued_at, enqueued_by, priority)
-            SELECT queue, b.item_key, b.group_key, b.payload, b.run_at, max_attempts, now, caller,
-                   priority
-            FROM batch b ORDER BY b.item_key COLLATE "C"
+            INSERT INTO throttle.event AS e (id, queue, item_key, group_key, payload, run_at,
+                                             max_attempts, enqueued_at, enqueued_by, priority)
+            OVERRIDING SYSTEM VALUE
+            SELECT b.id, queue, b.item_key, b.group_key, b.payload, b.run_at, max_attempts, now,
+                   caller, priority
+            FROM numbered b ORDER BY b.item_key COLLATE "C"
             RETURNING e.id, e.item_key, e.run_at)
         SELECT (SELECT array_agg(s.id ORDER BY b.ord) FROM batch b JOIN scheduled s USING (item_key)),
                (SELECT array_agg(s.id ORDER BY s.id) FROM scheduled s WHERE s.run_at <= now)
@@ -340,13 +347,19 @@ BEGIN
                    WHEN 'keep_earlier' THEN min(b.run_at)
                    ELSE (array_agg(b.run_at ORDER BY b.ord))[1] END AS run_at,
                (array_agg(b.payload ORDER BY b.ord * CASE WHEN on_duplicate = 'ignore' THEN 1 ELSE -1 END))[1]
-                   AS payload
+                   AS payload,
+               min(b.ord) AS first
         FROM batch b GROUP BY b.item_key),
+    numbered AS (  -- a new event's id, drawn in the order of first mention
+        SELECT o.*, nextval('throttle.event_id_seq') AS id
+        FROM (SELECT * FROM folded ORDER BY folded.first OFFSET 0) AS o),
     scheduled AS (
-        INSERT INTO throttle.event AS e (queue, item_key, group_key, payload, run_at, max_attempts,
-                                         enqueued_at, enqueued_by, priority)
-        SELECT queue, f.item_key, f.group_key, f.payload, f.run_at, max_attempts, now, caller, priority
-        FROM folded f ORDER BY f.item_key COLLATE "C"
+        INSERT INTO throttle.event AS e (id, queue, item_key, group_key, payload, run_at,
+                                         max_attempts, enqueued_at, enqueued_by, priority)
+        OVERRIDING SYSTEM VALUE
+        SELECT f.id, queue, f.item_key, f.group_key, f.payload, f.run_at, max_attempts, now, caller,
+               priority
+        FROM numbered f ORDER BY f.item_key COLLATE "C"
         ON CONFLICT (queue, item_key) WHERE state = 'pending'
         DO UPDATE SET run_at = CASE on_duplicate WHEN 'replace' THEN excluded.run_at
                                                   WHEN 'keep_earlier' THEN least(e.run_at, excluded.run_at)
