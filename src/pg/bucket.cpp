@@ -136,6 +136,51 @@ void reserve_apply_exclusive(RegistryEntry* entry, void* ctx) {
 
 constexpr EntryOp kReserveOp{reserve_born, reserve_decide_shared, reserve_apply_exclusive};
 
+// Takes as many units as there are, at most `want`, in one visit: what is
+// there is read and taken under one exclusive lock, so a session that
+// contends with others still gets what it read (a peek and a take apart
+// could find the units gone, again and again).
+struct TakeUpToCall {
+    BucketRequest* request;  // cost is set to the units taken
+    core::Micros now;
+    int64 want;
+    int64 taken;
+};
+
+ReserveCall reserve_call_of(const TakeUpToCall& call) {
+    return ReserveCall{call.request, call.now, 0, {}};
+}
+
+void take_up_to_born(RegistryEntry* entry, core::Micros restart, void* ctx) {
+    ReserveCall reserve = reserve_call_of(*static_cast<TakeUpToCall*>(ctx));
+    reserve_born(entry, restart, &reserve);
+}
+
+// Under the shared lock: an empty bucket is decided here (a peek, counted
+// as nothing, as bucket_take_up_to's callers peeked before).
+bool take_up_to_decide_shared(RegistryEntry* entry, void* ctx) {
+    auto* call = static_cast<TakeUpToCall*>(ctx);
+    call->request->cost = 0;
+    const ReserveCall peek = reserve_call_of(*call);
+    return decide(peek, *entry).remaining <= 0;
+}
+
+void take_up_to_apply_exclusive(RegistryEntry* entry, void* ctx) {
+    auto* call = static_cast<TakeUpToCall*>(ctx);
+    call->request->cost = 0;
+    ReserveCall reserve = reserve_call_of(*call);
+    const int64 units = std::min(call->want, decide(reserve, *entry).remaining);
+    if (units <= 0) {
+        return;
+    }
+    call->request->cost = static_cast<int32>(units);
+    reserve_apply_exclusive(entry, &reserve);
+    call->taken = reserve.decision.allowed ? units : 0;
+}
+
+constexpr EntryOp kTakeUpToOp{take_up_to_born, take_up_to_decide_shared,
+                              take_up_to_apply_exclusive};
+
 struct GiveBackCall {
     const BucketRequest* request;
     core::Micros reserved;
@@ -182,21 +227,9 @@ void queue_bucket_request(const text* name, const DeclaredBucket& declared, int3
 }
 
 int64 bucket_take_up_to(BucketRequest request, core::Micros now, int64 want) {
-    // A peek says how many units are there; taking them can find fewer when
-    // another session took some in between: then again, with what is left.
-    for (int attempt = 0; attempt < 8; ++attempt) {
-        request.cost = 0;
-        const core::GcraDecision peek = bucket_reserve(request, now, 0);
-        const int64 units = std::min(want, peek.remaining);
-        if (units <= 0) {
-            return 0;
-        }
-        request.cost = static_cast<int32>(units);
-        if (bucket_reserve(request, now, 0).allowed) {
-            return units;
-        }
-    }
-    return 0;
+    TakeUpToCall call{&request, now, want, 0};
+    registry_apply(request.key, kTakeUpToOp, &call);
+    return call.taken;
 }
 
 core::GcraDecision bucket_reserve(const BucketRequest& request, core::Micros now,
