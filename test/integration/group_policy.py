@@ -55,6 +55,12 @@ def claim(cur, worker, lease="1 minute", max_=1, queue=QUEUE):
     return [r[0] for r in got], (got[0][1] if got else None)
 
 
+def drained(cur, queue):
+    """Whether every event of the queue is finished."""
+    return rows(cur, "SELECT count(*) FROM throttle.event WHERE queue = %s"
+                     " AND state IN ('pending', 'claimed')", (queue,))[0][0] == 0
+
+
 def complete(cur, ids, token):
     return rows(cur, "SELECT throttle.complete(%s::bigint[], %s)", (ids, token))[0][0]
 
@@ -223,9 +229,7 @@ def strict_worker(index, log, errors, stop_at):
             got = rows(cur, "SELECT id, claim_token, group_key FROM throttle.claim_group("
                             "%s, %s, '1 minute', 3)", (STRICT_RACE, f"s{index}"))
             if not got:
-                left = rows(cur, "SELECT count(*) FROM throttle.event WHERE queue = %s"
-                                 " AND state IN ('pending', 'claimed')", (STRICT_RACE,))[0][0]
-                if left == 0:
+                if drained(cur, STRICT_RACE):
                     return
                 time.sleep(0.005)
                 continue
@@ -359,9 +363,7 @@ def race_worker(index, log, errors, stop_at):
                             "%s, %s, '1 minute', 3)", (RACE_QUEUE, f"w{index}"))
             returned = time.monotonic()
             if not got:
-                left = rows(cur, "SELECT count(*) FROM throttle.event WHERE queue = %s"
-                                 " AND state IN ('pending', 'claimed')", (RACE_QUEUE,))[0][0]
-                if left == 0:
+                if drained(cur, RACE_QUEUE):
                     return
                 time.sleep(0.005)
                 continue

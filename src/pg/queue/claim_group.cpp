@@ -80,44 +80,51 @@ KeptPlan group_holders{
     {TEXTOID, TEXTOID, TIMESTAMPTZOID},
     nullptr};
 
-// The group's due events counted and locked (step 2): how many are due, how
-// many were locked, their ids (expired claims first, then by run_at), the
-// expired claims among them, and the tokens of the claims whose lease holds,
-// as this statement's snapshot shows them. Claims whose lease holds are other
-// workers': never locked (their complete, fail and extend never wait for a
-// claim), and an event that turned into one after the snapshot fails the
-// lock's recheck, so that fewer are locked than counted. Both scans go along
-// event_groups by (queue, group_key): upper(state) keeps the generic plan
-// from reading every claimed event of the queue through event_leases_grouped
-// for the claimed ones.
+// Fragments of the two lock statements below, with e the event and $1, $2,
+// $3 the queue, the group_key and now. GROUP_EVENTS: the group's events that
+// are not finished, along event_groups. HOLDS: another claim's, whose lease
+// holds. DUE_PENDING: a pending event due now whose item_key has no claimed
+// run (event_claimed_key): one that has waits for it. LOCKABLE: what a claim
+// may take, rechecked on the row it locks (an event that turned into a claim
+// whose lease holds after the snapshot fails it). upper(state) keeps the
+// generic plan from reading every claimed event of the queue through the
+// partial indexes on state = 'claimed' instead of event_groups.
+#define GROUP_EVENTS                                                \
+    "e.queue = $1 AND e.group_key = $2 AND e.group_key IS NOT NULL" \
+    " AND e.state IN ('pending', 'claimed')"
+#define HOLDS "e.state = 'claimed' AND (e.lease_until > $3) IS TRUE"
+#define DUE_PENDING                                                 \
+    "e.run_at <= $3 AND NOT EXISTS (SELECT 1 FROM throttle.event c" \
+    "                               WHERE c.queue = e.queue"        \
+    "                                 AND c.item_key = e.item_key AND c.state = 'claimed')"
+#define LOCKABLE                                                         \
+    "((upper(e.state) = 'CLAIMED' AND (e.lease_until > $3) IS NOT TRUE)" \
+    " OR (upper(e.state) = 'PENDING' AND " DUE_PENDING "))"
+// The result of both: how many are due, how many were locked, their ids (in
+// the claim's order), the expired claims among them, and the tokens of the
+// claims whose lease holds, as the statement's snapshot shows them.
+#define LOCK_RESULT(order)                                                      \
+    " SELECT (SELECT count(*) FROM due),"                                       \
+    "        (SELECT count(*) FROM locked),"                                    \
+    "        (SELECT array_agg(l.id ORDER BY " order                            \
+    ") FROM locked l),"                                                         \
+    "        (SELECT array_agg(l.id) FROM locked l WHERE l.state = 'claimed')," \
+    "        (SELECT array_agg(DISTINCT g.claim_token) FROM grp g WHERE g.holds)"
+
+// The group's due events counted and locked (step 2), never waiting, expired
+// claims first, then by run_at. Claims whose lease holds are other workers':
+// never locked (their complete, fail and extend never wait for a claim).
 KeptPlan lock_group{
     "WITH grp AS ("
-    "  SELECT e.id, e.claim_token,"
-    "         e.state = 'claimed' AND (e.lease_until > $3) IS TRUE AS holds"
-    "  FROM throttle.event e"
-    "  WHERE e.queue = $1 AND e.group_key = $2 AND e.group_key IS NOT NULL"
-    "    AND e.state IN ('pending', 'claimed')"  // event_groups
-    "    AND (upper(e.state) = 'CLAIMED'"
-    "         OR (e.run_at <= $3"
-    "             AND NOT EXISTS (SELECT 1 FROM throttle.event c"  // event_claimed_key
-    "                             WHERE c.queue = e.queue AND c.item_key = e.item_key"
-    "                               AND c.state = 'claimed')))),"
+    "  SELECT e.id, e.claim_token, " HOLDS
+    " AS holds FROM throttle.event e"
+    "  WHERE " GROUP_EVENTS " AND (upper(e.state) = 'CLAIMED' OR (" DUE_PENDING
+    "))),"
+    " due AS (SELECT g.id FROM grp g WHERE NOT g.holds),"
     " locked AS ("
     "  SELECT e.id, e.state, e.run_at FROM throttle.event e"
-    "  WHERE e.queue = $1 AND e.group_key = $2 AND e.group_key IS NOT NULL"
-    "    AND e.state IN ('pending', 'claimed')"
-    "    AND ((upper(e.state) = 'CLAIMED' AND (e.lease_until > $3) IS NOT TRUE)"
-    "         OR (upper(e.state) = 'PENDING' AND e.run_at <= $3"
-    "             AND NOT EXISTS (SELECT 1 FROM throttle.event c"
-    "                             WHERE c.queue = e.queue AND c.item_key = e.item_key"
-    "                               AND c.state = 'claimed')))"
-    "  FOR UPDATE OF e SKIP LOCKED)"
-    " SELECT (SELECT count(*) FROM grp WHERE NOT grp.holds),"
-    "        (SELECT count(*) FROM locked),"
-    "        (SELECT array_agg(l.id ORDER BY l.state = 'claimed' DESC, l.run_at, l.id)"
-    "         FROM locked l),"
-    "        (SELECT array_agg(l.id) FROM locked l WHERE l.state = 'claimed'),"
-    "        (SELECT array_agg(DISTINCT grp.claim_token) FROM grp WHERE grp.holds)",
+    "  WHERE " GROUP_EVENTS " AND " LOCKABLE
+    "  FOR UPDATE OF e SKIP LOCKED)" LOCK_RESULT("l.state = 'claimed' DESC, l.run_at, l.id"),
     3,
     {TEXTOID, TEXTOID, TIMESTAMPTZOID},
     nullptr};
@@ -127,35 +134,30 @@ KeptPlan lock_group{
 // now, or waiting for a claimed run of its item_key), ids in id order.
 KeptPlan lock_group_strict{
     "WITH grp AS ("
-    "  SELECT e.id, e.claim_token,"
-    "         e.state = 'claimed' AND (e.lease_until > $3) IS TRUE AS holds,"
-    "         upper(e.state) = 'CLAIMED'"
-    "         OR (e.run_at <= $3"
-    "             AND NOT EXISTS (SELECT 1 FROM throttle.event c"  // event_claimed_key
-    "                             WHERE c.queue = e.queue AND c.item_key = e.item_key"
-    "                               AND c.state = 'claimed')) AS ready"
-    "  FROM throttle.event e"
-    "  WHERE e.queue = $1 AND e.group_key = $2 AND e.group_key IS NOT NULL"
-    "    AND e.state IN ('pending', 'claimed')),"  // event_groups
+    "  SELECT e.id, e.claim_token, " HOLDS
+    " AS holds,"
+    "         upper(e.state) = 'CLAIMED' OR (" DUE_PENDING
+    ") AS ready"
+    "  FROM throttle.event e WHERE " GROUP_EVENTS
+    "),"
     " due AS ("
-    "  SELECT g.id, g.claim_token, g.holds FROM grp g"
-    "  WHERE g.ready AND g.id < coalesce((SELECT min(n.id) FROM grp n WHERE NOT n.ready),"
-    "                                    9223372036854775807)),"
+    "  SELECT g.id FROM grp g"
+    "  WHERE g.ready AND NOT g.holds"
+    "    AND g.id < coalesce((SELECT min(n.id) FROM grp n WHERE NOT n.ready),"
+    "                        9223372036854775807)),"
     " locked AS ("
     "  SELECT e.id, e.state FROM throttle.event e"
-    "  WHERE e.id IN (SELECT d.id FROM due d WHERE NOT d.holds)"
-    "    AND e.queue = $1 AND e.group_key = $2 AND e.group_key IS NOT NULL"
-    "    AND ((upper(e.state) = 'CLAIMED' AND (e.lease_until > $3) IS NOT TRUE)"
-    "         OR (upper(e.state) = 'PENDING' AND e.run_at <= $3))"
-    "  FOR UPDATE OF e SKIP LOCKED)"
-    " SELECT (SELECT count(*) FROM due WHERE NOT due.holds),"
-    "        (SELECT count(*) FROM locked),"
-    "        (SELECT array_agg(l.id ORDER BY l.id) FROM locked l),"
-    "        (SELECT array_agg(l.id) FROM locked l WHERE l.state = 'claimed'),"
-    "        (SELECT array_agg(DISTINCT grp.claim_token) FROM grp WHERE grp.holds)",
+    "  WHERE e.id IN (SELECT d.id FROM due d) AND " GROUP_EVENTS " AND " LOCKABLE
+    "  FOR UPDATE OF e SKIP LOCKED)" LOCK_RESULT("l.id"),
     3,
     {TEXTOID, TEXTOID, TIMESTAMPTZOID},
     nullptr};
+
+#undef LOCK_RESULT
+#undef LOCKABLE
+#undef DUE_PENDING
+#undef HOLDS
+#undef GROUP_EVENTS
 
 // The expired claims of $1 after the first (by id) of each old claim: in a
 // strict group they waited behind it and never ran.

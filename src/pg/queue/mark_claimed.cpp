@@ -60,8 +60,8 @@ uint64 mark_claimed(const ClaimRequest& request, const SPITupleTable** rows) {
                          now,
                          order,
                          PointerGetDatum(request.uncharged)};
-        const char nulls[8] = {
-            ' ', ' ', ' ', ' ', ' ', ' ', request.uncharged == nullptr ? 'n' : ' ', '\0'};
+        const char nulls[7] = {
+            ' ', ' ', ' ', ' ', ' ', ' ', request.uncharged == nullptr ? 'n' : ' '};
         run_kept_plan(&mark_with_expired, args, nulls, SPI_OK_SELECT);
         *rows = SPI_tuptable;
         return SPI_processed;
