@@ -132,6 +132,9 @@ KeptPlan lock_group{
 // The same for a queue whose groups keep strict order: the group's events in
 // id order up to the first one that is not ready (pending with run_at after
 // now, or waiting for a claimed run of its item_key), ids in id order.
+// Its lock finds the rows by primary key, from due: GROUP_EVENTS there
+// would let the generic plan walk event_groups and rescan due for every
+// event of the group (5 s instead of 60 ms for a group of 10 000).
 KeptPlan lock_group_strict{
     "WITH grp AS ("
     "  SELECT e.id, e.claim_token, " HOLDS
@@ -147,7 +150,8 @@ KeptPlan lock_group_strict{
     "                        9223372036854775807)),"
     " locked AS ("
     "  SELECT e.id, e.state FROM throttle.event e"
-    "  WHERE e.id IN (SELECT d.id FROM due d) AND " GROUP_EVENTS " AND " LOCKABLE
+    "  WHERE e.id IN (SELECT d.id FROM due d)"
+    "    AND e.queue = $1 AND e.group_key = $2 AND " LOCKABLE
     "  FOR UPDATE OF e SKIP LOCKED)" LOCK_RESULT("l.id"),
     3,
     {TEXTOID, TEXTOID, TIMESTAMPTZOID},
