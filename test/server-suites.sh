@@ -39,6 +39,8 @@ main)
     run_suite queue-history prove prove --verbose test/integration/queue_history.py || status=1
     run_suite group-policy prove prove --verbose test/integration/group_policy.py ||
         status=1
+    run_suite concurrency-key prove prove --verbose test/integration/concurrency_key.py ||
+        status=1
     run_suite security prove prove --verbose test/integration/security.py || status=1
     run_suite dump-restore prove prove --verbose test/integration/dump_restore.py || status=1
     run_suite readme prove prove --verbose test/integration/readme_examples.py || status=1

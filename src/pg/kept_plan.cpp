@@ -1,5 +1,9 @@
 #include "pg/kept_plan.hpp"
 
+extern "C" {
+#include "utils/snapmgr.h"
+}
+
 namespace pg_throttle::pg {
 
 SPIPlanPtr kept_plan(KeptPlan* query) {
@@ -26,6 +30,15 @@ void run_kept_plan(KeptPlan* query, const Datum* args, const char* nulls, int ex
         SPI_execute_plan(kept_plan(query), const_cast<Datum*>(args), nulls, false, limit);
     if (rc != expected) {
         elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+    }
+}
+
+void run_kept_plan_latest(KeptPlan* query, const Datum* args, const char* nulls, int expected,
+                          long limit) {
+    const int rc = SPI_execute_snapshot(kept_plan(query), const_cast<Datum*>(args), nulls,
+                                        GetLatestSnapshot(), InvalidSnapshot, true, false, limit);
+    if (rc != expected) {
+        elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
     }
 }
 

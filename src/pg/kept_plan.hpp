@@ -30,4 +30,11 @@ SPIPlanPtr kept_plan(KeptPlan* query);
 void run_kept_plan(KeptPlan* query, const Datum* args, const char* nulls, int expected,
                    long limit = 0);
 
+// A read (a SELECT) like run_kept_plan, in the latest snapshot rather than
+// the transaction's: what the last committed change left, also under
+// repeatable read (a read of a policy, or a count that a lock held until
+// commit makes exact).
+void run_kept_plan_latest(KeptPlan* query, const Datum* args, const char* nulls, int expected,
+                          long limit = 0);
+
 }  // namespace pg_throttle::pg

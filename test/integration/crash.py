@@ -76,13 +76,23 @@ def check_groups(tap, conn, w1, after):
 
 def concurrency_setup(conn):
     """Queue 'cn', whose groups take 2 workers: group gn has 4 due events,
-    2 of them held by two claims (max 1 each) that hold on."""
+    2 of them held by two claims (max 1 each) that hold on. Queue 'ck', whose
+    concurrency keys take 2 claims: key kk has 4 due events, 2 of them held
+    by two claims that hold on."""
     execute(conn, "INSERT INTO throttle.group_policy (queue, workers) VALUES ('cn', 2)")
     one(conn, "SELECT throttle.schedule_many('cn', ARRAY['n1', 'n2', 'n3', 'n4'], "
               "array_fill(now() - interval '1 minute', ARRAY[4]), NULL, array_fill('gn'::text, ARRAY[4]))")
-    return [one(conn, "SELECT array_agg(id), min(claim_token) "
-                      "FROM throttle.claim_group('cn', %s, '10 minutes', 1)", (worker,))
-            for worker in ("n1", "n2")]
+    execute(conn, "INSERT INTO throttle.concurrency_policy (queue, max_claimed) VALUES ('ck', 2)")
+    one(conn, "SELECT throttle.schedule_many('ck', ARRAY['k1', 'k2', 'k3', 'k4'], "
+              "array_fill(now() - interval '1 minute', ARRAY[4]), "
+              "concurrency_keys => array_fill('kk'::text, ARRAY[4]))")
+    groups = [one(conn, "SELECT array_agg(id), min(claim_token) "
+                        "FROM throttle.claim_group('cn', %s, '10 minutes', 1)", (worker,))
+              for worker in ("n1", "n2")]
+    keys = [one(conn, "SELECT array_agg(id), min(claim_token) "
+                      "FROM throttle.claim('ck', %s, '10 minutes', 1)", (worker,))
+            for worker in ("k1", "k2")]
+    return {"groups": groups, "keys": keys}
 
 
 def check_concurrency(tap, conn, holders, after):
@@ -90,11 +100,21 @@ def check_concurrency(tap, conn, holders, after):
         return one(conn, "SELECT count(*) FROM throttle.claim_group('cn', 'nx', '10 minutes', 1)")[0]
     tap.is_([claims(), claims()], [0, 0],
             f"after {after}, a group that takes 2 workers and has 2 claims holding admits none (two calls)")
-    tap.is_(one(conn, "SELECT throttle.complete(%s, %s)", holders[0])[0], 1,
+    tap.is_(one(conn, "SELECT throttle.complete(%s, %s)", holders["groups"][0])[0], 1,
             f"after {after}, one of its holders completes")
     tap.is_([claims(), claims()], [1, 0], f"after {after}, then exactly one more claim gets the group")
     execute(conn, "DELETE FROM throttle.group_policy WHERE queue = 'cn'")
     execute(conn, "DELETE FROM throttle.event WHERE queue = 'cn'")
+
+    def keyed():
+        return one(conn, "SELECT count(*) FROM throttle.claim('ck', 'kx', '10 minutes', 4)")[0]
+    tap.is_([keyed(), keyed()], [0, 0],
+            f"after {after}, a concurrency key that takes 2 claims and has 2 holding admits none (two calls)")
+    tap.is_(one(conn, "SELECT throttle.complete(%s, %s)", holders["keys"][0])[0], 1,
+            f"after {after}, one of the key's claims completes")
+    tap.is_([keyed(), keyed()], [1, 0], f"after {after}, then exactly one more event of the key is claimed")
+    execute(conn, "DELETE FROM throttle.concurrency_policy WHERE queue = 'ck'")
+    execute(conn, "DELETE FROM throttle.event WHERE queue = 'ck'")
 
 
 def unsynced_setup(conn):
@@ -278,8 +298,8 @@ def damaged_checkpoint(tap, conn, data_dir, checkpoint):
 
 # Each fault runs on a fresh cluster: the crash rule one leaves in force (for
 # good: it outlives clean restarts) would deny the grants the next makes first.
-PHASES = {"backend": (backend_killed, CHECKS_PER_FAULT + 18),
-          "postmaster": (postmaster_killed, CHECKS_PER_FAULT + 16),
+PHASES = {"backend": (backend_killed, CHECKS_PER_FAULT + 21),
+          "postmaster": (postmaster_killed, CHECKS_PER_FAULT + 19),
           "damaged-checkpoint": (damaged_checkpoint, 4)}
 
 

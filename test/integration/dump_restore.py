@@ -24,6 +24,8 @@ SNAPSHOTS = {
     "resources": "SELECT md5(string_agg(r::text, '|' ORDER BY name)) FROM throttle.resource r",
     "buckets": "SELECT md5(string_agg(b::text, '|' ORDER BY name)) FROM throttle.bucket b",
     "queue buckets": "SELECT md5(string_agg(q::text, '|' ORDER BY queue)) FROM throttle.queue_bucket q",
+    "queue policies": "SELECT md5((SELECT string_agg(g::text, '|' ORDER BY queue) FROM throttle.group_policy g)"
+                      " || (SELECT string_agg(c::text, '|' ORDER BY queue) FROM throttle.concurrency_policy c))",
     "attempt histories": "SELECT md5(string_agg(h::text, '|' ORDER BY event_id, attempt, outcome)) "
                          "FROM throttle.attempt_history h",
 }
@@ -40,6 +42,9 @@ def fill(conn):
     cur.execute("SELECT throttle.schedule('q', 'last-try', %s::timestamptz - interval '2 minutes', "
                 "max_attempts => 1)", (CLOCK,))
     cur.execute("SELECT throttle.schedule('limited', 'l1', %s)", (CLOCK,))
+    cur.execute("INSERT INTO throttle.group_policy (queue, workers) VALUES ('grouped', 3)")
+    cur.execute("INSERT INTO throttle.concurrency_policy (queue, max_claimed) VALUES ('keyed', 2)")
+    cur.execute("SELECT throttle.schedule('keyed', 'r1', %s, concurrency_key => 'tenant-1')", (CLOCK,))
     cur.execute("SELECT array_agg(id ORDER BY id), min(claim_token) FROM throttle.claim('q', 'w', max => 7)")
     ids, token = cur.fetchone()    # by id: k1..k6, then last-try
     cur.execute("SELECT throttle.fail(%s, %s, 'boom')", (ids[6:7], token))           # dead
@@ -55,7 +60,7 @@ def snapshot(conn):
 
 
 def main():
-    tap = Tap(11)
+    tap = Tap(12)
     admin = connect()
     for db in (SOURCE, TARGET):
         admin.cursor().execute(f"DROP DATABASE IF EXISTS {db}")

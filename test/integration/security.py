@@ -142,6 +142,23 @@ def queue_groups(tap):
     tap.is_((code_of(alice, "INSERT INTO throttle.queue_bucket (queue, bucket) VALUES ('sec.q', 'x')"),
              code_of(alice, "DELETE FROM throttle.queue_bucket")), ("42501", "42501"),
             "an ordinary role can neither limit a queue's claims nor lift a limit")
+    tap.is_((code_of(alice, "INSERT INTO throttle.concurrency_policy VALUES ('sec.k', 100)"),
+             code_of(alice, "DELETE FROM throttle.concurrency_policy"),
+             code_of(alice, "TRUNCATE throttle.concurrency_policy")), ("42501", "42501", "42501"),
+            "an ordinary role can neither raise nor lift a queue's per-key concurrency")
+    # A claim of a key in progress in database B (its key lock held in an
+    # open transaction) leaves the same queue and key of database A alone.
+    alice_b = as_role("sec_alice", DB_B)
+    alice_b.autocommit = False
+    one(alice_b, "SELECT throttle.schedule('sec.k', 'b-1', now(), concurrency_key => 'k')")
+    alice_b.commit()
+    held = one(alice_b, "SELECT count(*) FROM throttle.claim('sec.k', 'alice-b', '1 minute', 1)")[0]
+    one(bob, "SELECT throttle.schedule('sec.k', 'a-1', now(), concurrency_key => 'k')")
+    got = one(bob, "SELECT count(*) FROM throttle.claim('sec.k', 'bob-a', '1 minute', 1)")[0]
+    tap.is_((held, got), (1, 1),
+            "a claim of a key open in another database does not hold back the same key here")
+    alice_b.rollback()
+    alice_b.close()
     alice.close()
     bob.close()
 
@@ -354,7 +371,7 @@ def privileges(tap):
 
 
 def main():
-    tap = Tap(49)
+    tap = Tap(51)
     admin = connect()
     setup(admin)
     admin_a = superuser_in(DB_A)

@@ -10,9 +10,9 @@ SELECT ok(has_table_privilege('public', 'throttle.queue_bucket', 'SELECT')
           AND NOT has_table_privilege('public', 'throttle.queue_bucket', 'INSERT')
           AND NOT has_table_privilege('public', 'throttle.queue_bucket', 'DELETE'),
     'everyone may see which queues a bucket limits; only privileged roles may change it');
-SELECT has_function('throttle', 'schedule', ARRAY['text', 'text', 'timestamp with time zone', 'jsonb', 'text', 'integer', 'integer', 'text']);
-SELECT function_returns('throttle', 'schedule', ARRAY['text', 'text', 'timestamp with time zone', 'jsonb', 'text', 'integer', 'integer', 'text'], 'bigint');
-SELECT function_returns('throttle', 'schedule_many', ARRAY['text', 'text[]', 'timestamp with time zone[]', 'jsonb[]', 'text[]', 'integer', 'integer', 'text'], 'bigint[]');
+SELECT has_function('throttle', 'schedule', ARRAY['text', 'text', 'timestamp with time zone', 'jsonb', 'text', 'integer', 'integer', 'text', 'text']);
+SELECT function_returns('throttle', 'schedule', ARRAY['text', 'text', 'timestamp with time zone', 'jsonb', 'text', 'integer', 'integer', 'text', 'text'], 'bigint');
+SELECT function_returns('throttle', 'schedule_many', ARRAY['text', 'text[]', 'timestamp with time zone[]', 'jsonb[]', 'text[]', 'integer', 'integer', 'text', 'text[]'], 'bigint[]');
 SELECT has_function('throttle', 'cancel', ARRAY['text', 'text']);
 SELECT has_function('throttle', 'reschedule', ARRAY['text', 'text', 'timestamp with time zone']);
 SELECT function_returns('throttle', 'claim', ARRAY['text', 'text', 'interval', 'integer'], 'setof throttle.event');
@@ -32,8 +32,8 @@ SELECT throws_ok($$SELECT throttle.schedule(NULL, 'k', now())$$, '22004', 'queue
 SELECT throws_ok($$SELECT throttle.schedule('q', 'k', now(), max_attempts => 0)$$, '22023', 'max_attempts must be positive', 'max_attempts 0: 22023');
 SELECT throws_ok($$SELECT throttle.schedule(repeat('q', 64), 'k', now())$$, '22023', 'queue name must have 1 to 63 bytes', 'long queue: 22023');
 SELECT throws_ok($$SELECT throttle.schedule_many('q', ARRAY['a', NULL], ARRAY[now(), now()])$$, '22004', 'item_keys[2] must not be NULL', 'schedule_many, a NULL key: 22004');
-SELECT throws_ok($$SELECT throttle.schedule_many('q', ARRAY['a', 'b'], ARRAY[now()])$$, '22023', 'run_at, payloads and group_keys must have one element per item_key', 'schedule_many, arrays of other lengths: 22023');
-SELECT ok(has_function_privilege('public', 'throttle.schedule_many(text, text[], timestamp with time zone[], jsonb[], text[], integer, integer, text)', 'EXECUTE'),
+SELECT throws_ok($$SELECT throttle.schedule_many('q', ARRAY['a', 'b'], ARRAY[now()])$$, '22023', 'run_at, payloads, group_keys and concurrency_keys must have one element per item_key', 'schedule_many, arrays of other lengths: 22023');
+SELECT ok(has_function_privilege('public', 'throttle.schedule_many(text, text[], timestamp with time zone[], jsonb[], text[], integer, integer, text, text[])', 'EXECUTE'),
     'everyone may schedule a batch, as everyone may schedule');
 SELECT throws_ok($$SELECT * FROM throttle.claim('q', 'w', '0')$$, '22023', 'lease must be a positive interval', 'lease 0: 22023');
 SELECT throws_ok($$SELECT * FROM throttle.claim_group('q', NULL)$$, '22004', 'worker must not be NULL', 'NULL worker: 22004');
@@ -44,7 +44,8 @@ SELECT ok(NOT has_column_privilege('public', 'throttle.event', 'claim_token', 'S
     'but not the claims'' tokens');
 SELECT ok(has_column_privilege('public', 'throttle.event', 'priority', 'SELECT')
           AND has_column_privilege('public', 'throttle.event', 'failed_at', 'SELECT')
-          AND has_column_privilege('public', 'throttle.event', 'cancelled_by', 'SELECT'),
+          AND has_column_privilege('public', 'throttle.event', 'cancelled_by', 'SELECT')
+          AND has_column_privilege('public', 'throttle.event', 'concurrency_key', 'SELECT'),
     'every column but claim_token is readable, the newer ones too');
 SELECT has_table('throttle', 'event_attempt', 'catalog table throttle.event_attempt');
 SELECT has_index('throttle', 'event_attempt', 'event_attempt_event', ARRAY['event_id', 'id'],

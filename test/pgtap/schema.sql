@@ -1,6 +1,6 @@
 -- The installed SQL surface: objects, signatures, properties, documentation.
 BEGIN;
-SELECT plan(34);
+SELECT plan(35);
 
 SELECT has_schema('throttle');
 SELECT has_table('throttle', 'resource', 'catalog table throttle.resource');
@@ -59,10 +59,10 @@ SELECT is((SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extna
 SELECT is(
     (SELECT array_agg(c::regclass::text ORDER BY c::regclass::text) FROM pg_extension e, unnest(e.extconfig) AS c
      WHERE e.extname = 'pg_throttle'),
-    ARRAY['throttle.bucket', 'throttle.event', 'throttle.event_attempt', 'throttle.event_attempt_id_seq',
-          'throttle.event_id_seq', 'throttle.group_policy', 'throttle.queue_bucket',
-          'throttle.resource'],
-    'pg_dump keeps declared resources and buckets, the event queue, its attempts, its rate limits and its group concurrency');
+    ARRAY['throttle.bucket', 'throttle.concurrency_policy', 'throttle.event', 'throttle.event_attempt',
+          'throttle.event_attempt_id_seq', 'throttle.event_id_seq', 'throttle.group_policy',
+          'throttle.queue_bucket', 'throttle.resource'],
+    'pg_dump keeps declared resources and buckets, the event queue, its attempts, its rate limits and its group and key concurrency');
 SELECT is((SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle'),
     (SELECT default_version FROM pg_available_extensions WHERE name = 'pg_throttle'),
     'the installed version is the default version');
@@ -77,6 +77,12 @@ SELECT ok(has_table_privilege('public', 'throttle.group_policy', 'SELECT')
           AND NOT has_table_privilege('public', 'throttle.group_policy', 'INSERT')
           AND NOT has_table_privilege('public', 'throttle.group_policy', 'UPDATE'),
     'everyone may read group concurrency, only privileged roles may declare it');
+SELECT ok(has_table_privilege('public', 'throttle.concurrency_policy', 'SELECT')
+          AND NOT has_table_privilege('public', 'throttle.concurrency_policy', 'INSERT')
+          AND NOT has_table_privilege('public', 'throttle.concurrency_policy', 'UPDATE')
+          AND NOT has_table_privilege('public', 'throttle.concurrency_policy', 'DELETE')
+          AND NOT has_table_privilege('public', 'throttle.concurrency_policy', 'TRUNCATE'),
+    'everyone may read key concurrency, only privileged roles may declare it');
 
 SELECT * FROM finish();
 ROLLBACK;

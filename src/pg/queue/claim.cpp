@@ -11,6 +11,10 @@
 //     the scan, so events scheduled for later cost nothing), the next
 //     priority looked up only while the claim wants more; an event whose
 //     item_key has a claimed run waits for it;
+//  -  of events with a concurrency_key, in steps 1 and 2, only as many as
+//     the key has room for (concurrency_keys.hpp); the scan leaves the keys
+//     that its snapshot shows full, and runs again without the keys this
+//     claim found full or held by another claim while it wants more;
 //  3. a queue whose claims a bucket limits keeps as many of them, in this
 //     order, as the bucket gives units (claim_limit.hpp);
 //  4. they are marked claimed (or dead, when their attempts are used up, or
@@ -27,6 +31,7 @@
 #include "pg/kept_plan.hpp"
 #include "pg/queue/claim_limit.hpp"
 #include "pg/queue/claim_token.hpp"
+#include "pg/queue/concurrency_keys.hpp"
 #include "pg/queue/durable_commit.hpp"
 #include "pg/queue/event_rows.hpp"
 #include "pg/queue/mark_claimed.hpp"
@@ -36,7 +41,7 @@ namespace pg_throttle::pg {
 namespace {
 
 KeptPlan expired_claims{
-    "SELECT e.id FROM throttle.event e"
+    "SELECT e.id, e.concurrency_key FROM throttle.event e"
     " WHERE e.queue = $1 AND e.state = 'claimed' AND e.lease_until <= $2 AND e.group_key IS NULL"
     " ORDER BY e.lease_until, e.id LIMIT $3 FOR UPDATE SKIP LOCKED",
     3,
@@ -57,17 +62,75 @@ KeptPlan next_priority{
     {TEXTOID, INT4OID},
     nullptr};
 
+// $5: keys this claim found full, $6: events it has seen already (it holds
+// their row locks, which SKIP LOCKED does not skip).
 KeptPlan due_events{
-    "SELECT e.id FROM throttle.event e"
+    "SELECT e.id, e.concurrency_key FROM throttle.event e"
     " WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL"
     "   AND e.priority = $2 AND e.run_at <= $3"
     "   AND NOT EXISTS (SELECT 1 FROM throttle.event c"  // event_claimed_key
     "                   WHERE c.queue = e.queue AND c.item_key = e.item_key"
     "                     AND c.state = 'claimed')"
-    " ORDER BY e.run_at, e.id LIMIT $4 FOR UPDATE SKIP LOCKED",
-    4,
-    {TEXTOID, INT4OID, TIMESTAMPTZOID, INT4OID},
+    "   AND (e.concurrency_key IS NULL"
+    "        OR (NOT e.concurrency_key = ANY ($5)"
+    "            AND (SELECT count(*) FROM throttle.event k"  // event_claimed_concurrency
+    "                 WHERE k.queue = e.queue AND k.concurrency_key = e.concurrency_key"
+    "                   AND k.state = 'claimed' AND k.concurrency_key IS NOT NULL"
+    "                   AND k.lease_until > $3)"
+    "                < coalesce((SELECT p.max_claimed FROM throttle.concurrency_policy p"
+    "                            WHERE p.queue = e.queue), 1)))"
+    "   AND NOT e.id = ANY ($6)"
+    " ORDER BY e.run_at, e.id LIMIT $4 FOR UPDATE OF e SKIP LOCKED",
+    6,
+    {TEXTOID, INT4OID, TIMESTAMPTZOID, INT4OID, TEXTARRAYOID, INT8ARRAYOID},
     nullptr};
+
+// The events a claim has locked and those it takes, in its order.
+struct Candidates {
+    Datum* taken;  // bigint Datums, at most max
+    int taken_count;
+    Datum* seen;  // every event the due scans returned
+    int seen_count;
+    int seen_capacity;
+};
+
+// Takes, of the rows in SPI_tuptable (id, concurrency_key), those that
+// `keys` admit, while fewer than `max` are taken; every row's id is seen.
+// Returns whether it left one for its key.
+bool take_rows(Candidates* found, ConcurrencyKeys* keys, int max, bool record_seen) {
+    // Copied first: admitting a key runs statements that replace SPI_tuptable.
+    const uint64 n = SPI_processed;
+    SPITupleTable* rows = SPI_tuptable;
+    bool left_one = false;
+    for (uint64 i = 0; i < n; ++i) {
+        bool id_null = false;
+        bool key_null = false;
+        const Datum id = SPI_getbinval(rows->vals[i], rows->tupdesc, 1, &id_null);
+        const Datum key = SPI_getbinval(rows->vals[i], rows->tupdesc, 2, &key_null);
+        if (record_seen) {
+            if (found->seen_count == found->seen_capacity) {
+                found->seen_capacity *= 2;
+                found->seen = static_cast<Datum*>(repalloc(
+                    found->seen, sizeof(Datum) * static_cast<size_t>(found->seen_capacity)));
+            }
+            found->seen[found->seen_count++] = id;
+        }
+        if (found->taken_count >= max) {
+            continue;
+        }
+        if (key_null || concurrency_key_admit(keys, DatumGetTextPP(key))) {
+            found->taken[found->taken_count++] = id;
+        } else {
+            left_one = true;
+        }
+    }
+    return left_one;
+}
+
+ArrayType* bigint_array(const Datum* values, int n) {
+    return construct_array(const_cast<Datum*>(values), n, INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
+                           TYPALIGN_DOUBLE);
+}
 
 // The highest priority of the queue's pending ungrouped events below `below`
 // (or of all when `below` is nullptr); false when there is none.
@@ -116,48 +179,65 @@ Datum claim(FunctionCallInfo fcinfo) {
         SPI_finish();
         return static_cast<Datum>(0);
     }
+    Candidates found{};
+    found.taken = static_cast<Datum*>(palloc(sizeof(Datum) * static_cast<size_t>(max)));
+    found.seen_capacity = 16;
+    found.seen = static_cast<Datum*>(palloc(sizeof(Datum) * 16));
+    ConcurrencyKeys keys = concurrency_keys_start(queue, DatumGetTimestampTz(now));
+
     Datum expired_args[3] = {queue, now, Int32GetDatum(max)};
     run_kept_plan(&expired_claims, expired_args, nullptr, SPI_OK_SELECT);
-    uint64 found = 0;
-    ArrayType* expired = spi_ids(&found);
-    const uint64 expired_count = found;
-    ArrayType* ids = found > 0 ? expired : nullptr;
+    (void)take_rows(&found, &keys, max, false);
+    const bool any_expired = found.taken_count > 0;
 
     int32 level = 0;
-    bool have_level = found < static_cast<uint64>(max) && priority_level(queue, nullptr, &level);
+    bool have_level = found.taken_count < max && priority_level(queue, nullptr, &level);
     while (have_level) {
-        Datum due_args[4] = {queue, Int32GetDatum(level), now,
-                             Int32GetDatum(max - static_cast<int32>(found))};
+        const int32 wanted = max - found.taken_count;
+        Datum due_args[6] = {queue,
+                             Int32GetDatum(level),
+                             now,
+                             Int32GetDatum(wanted),
+                             PointerGetDatum(concurrency_keys_full(keys)),
+                             PointerGetDatum(bigint_array(found.seen, found.seen_count))};
         run_kept_plan(&due_events, due_args, nullptr, SPI_OK_SELECT);
-        uint64 more = 0;
-        ArrayType* due = spi_ids(&more);
-        if (more > 0) {
-            ids = concat_ids(ids, due);
-            found += more;
-        }
-        if (found >= static_cast<uint64>(max)) {
+        const bool level_may_have_more = SPI_processed == static_cast<uint64>(wanted);
+        const bool left_one = take_rows(&found, &keys, max, true);
+        if (found.taken_count >= max) {
             break;
+        }
+        // Events it left for their key's sake may hide others of this
+        // priority: the scan runs again without the keys now full.
+        if (left_one && level_may_have_more) {
+            continue;
         }
         const int32 below = level;
         have_level = priority_level(queue, &below, &level);
     }
+    const uint64 found_count = static_cast<uint64>(found.taken_count);
+    ArrayType* ids = bigint_array(found.taken, found.taken_count);
 
-    const int64 allowed =
-        found == 0 ? 0
-                   : claim_limit_take(limit, DatumGetTimestampTz(now), static_cast<int64>(found));
+    const int64 allowed = found_count == 0 ? 0
+                                           : claim_limit_take(limit, DatumGetTimestampTz(now),
+                                                              static_cast<int64>(found_count));
     if (allowed == 0) {
         InitMaterializedSRF(fcinfo, 0);
         SPI_finish();
         return static_cast<Datum>(0);
     }
-    if (allowed < static_cast<int64>(found)) {  // others took units meanwhile
+    if (allowed < static_cast<int64>(found_count)) {  // others took units meanwhile
         ids = first_ids(ids, static_cast<int>(allowed));
     }
     const int64 token = new_claim_token();
     require_durable_commit();
-    const ClaimRequest request{
-        ids,   expired_count > 0,        PG_GETARG_DATUM(1),    PG_GETARG_DATUM(2),
-        token, DatumGetTimestampTz(now), ClaimOrder::kPriority, nullptr};
+    const ClaimRequest request{ids,
+                               any_expired,
+                               PG_GETARG_DATUM(1),
+                               PG_GETARG_DATUM(2),
+                               token,
+                               DatumGetTimestampTz(now),
+                               ClaimOrder::kPriority,
+                               nullptr};
     const SPITupleTable* claimed = nullptr;
     const uint64 claimed_count = mark_claimed(request, &claimed);
     return_events(fcinfo, claimed, claimed_count);

@@ -8,8 +8,9 @@
 //     see each other's end (the last one releases the group).
 //  2. Marks them done, if the caller may act for the claim's role.
 //  3. Releases, at commit, the leases of group claims with nothing left
-//     claimed, and NOTIFYs the due events of those groups and the due runs
-//     scheduled for the finished events' item_keys while they ran.
+//     claimed, and NOTIFYs the due events of those groups, the due runs
+//     scheduled for the finished events' item_keys while they ran, and the
+//     oldest due event of their concurrency_keys.
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
 #include "pg/clock.hpp"
@@ -68,7 +69,7 @@ KeptPlan mark_done{
     "       completed_by = e.claimed_by, lease_until = NULL"
     " WHERE e.id = ANY ($1) AND upper(e.state) = 'CLAIMED' AND e.claim_token = $2"
     "   AND throttle._acts_as(e.claimed_role)"
-    " RETURNING e.id, e.group_key IS NOT NULL",
+    " RETURNING e.id, e.group_key IS NOT NULL, e.concurrency_key IS NOT NULL",
     3,
     {INT8ARRAYOID, INT8OID, TIMESTAMPTZOID},
     nullptr};
@@ -88,6 +89,21 @@ KeptPlan notify_successors{
     " WHERE (u.queue, u.item_key) IN (SELECT f.queue, f.item_key FROM throttle.event f"
     "                                 WHERE f.id = ANY ($1))"
     "   AND u.state = 'pending' AND u.run_at <= $2",
+    2,
+    {INT8ARRAYOID, TIMESTAMPTZOID},
+    nullptr};
+
+// The second statement of throttle._notify_successors: a claim of a
+// concurrency_key ended, which may let the key's oldest due event go.
+KeptPlan notify_key_waiters{
+    "SELECT pg_notify(k.queue, w.id::text)"
+    " FROM (SELECT DISTINCT f.queue, f.concurrency_key FROM throttle.event f"
+    "       WHERE f.id = ANY ($1) AND f.concurrency_key IS NOT NULL) AS k"
+    " CROSS JOIN LATERAL (SELECT u.id FROM throttle.event u"  // event_pending_concurrency
+    "                     WHERE u.queue = k.queue AND u.concurrency_key = k.concurrency_key"
+    "                       AND u.state = 'pending' AND u.concurrency_key IS NOT NULL"
+    "                       AND u.run_at <= $2"
+    "                     ORDER BY u.run_at LIMIT 1) AS w",
     2,
     {INT8ARRAYOID, TIMESTAMPTZOID},
     nullptr};
@@ -114,9 +130,12 @@ Datum complete(FunctionCallInfo fcinfo) {
     run_kept_plan(&mark_done, done_args, nullptr, SPI_OK_UPDATE_RETURNING);
     const uint64 completed = SPI_processed;
     bool grouped = false;
+    bool keyed = false;
     for (uint64 i = 0; i < completed; ++i) {
         grouped = grouped || DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i],
                                                         SPI_tuptable->tupdesc, 2, &is_null));
+        keyed = keyed || DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 3,
+                                                    &is_null));
     }
     if (completed > 0) {
         uint64 count = 0;
@@ -126,6 +145,9 @@ Datum complete(FunctionCallInfo fcinfo) {
         }
         Datum notify_args[2] = {finished[0], now};
         run_kept_plan(&notify_successors, notify_args, nullptr, SPI_OK_SELECT);
+        if (keyed) {
+            run_kept_plan(&notify_key_waiters, notify_args, nullptr, SPI_OK_SELECT);
+        }
     }
     SPI_finish();
     PG_RETURN_INT32(static_cast<int32>(completed));

@@ -1,9 +1,5 @@
 // How claim_group hands out the groups of a queue (throttle.group_policy),
-// and the lock that makes a change of it exact: every claim_group holds the
-// policy lock of its database shared until its transaction ends, and every
-// statement that changes the table takes it exclusively first (a trigger),
-// so a change waits for the claims in progress and the claims after it read
-// the new policy.
+// read under the policy lock (policy_lock.hpp), which makes a change exact.
 #pragma once
 
 #include "pg/pg_headers.hpp"

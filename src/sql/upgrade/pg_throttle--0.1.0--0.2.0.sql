@@ -31,12 +31,22 @@ ALTER TABLE throttle.event ADD COLUMN failed_at timestamptz;
 ALTER TABLE throttle.event ADD COLUMN cancelled_by text;
 COMMENT ON COLUMN throttle.event.failed_at IS 'When its last attempt failed: throttle.fail, or the end of a lease that expired. throttle.event_attempt keeps every attempt that ended without completing it.';
 COMMENT ON COLUMN throttle.event.cancelled_by IS 'Who cancelled it (throttle.cancel''s caller, as enqueued_by); NULL when a newer run of its item_key superseded it.';
+
+-- Per-key concurrency of events without a group.
+ALTER TABLE throttle.event ADD COLUMN concurrency_key text,
+    ADD CONSTRAINT event_concurrency_key_ungrouped CHECK (concurrency_key IS NULL OR group_key IS NULL);
+COMMENT ON COLUMN throttle.event.concurrency_key IS 'Events of a queue without a group_key that share it are claimed at most throttle.concurrency_policy.max_claimed at once (1 when the queue is not named there), whoever claims them.';
+CREATE INDEX event_claimed_concurrency ON throttle.event (queue, concurrency_key)
+    WHERE state = 'claimed' AND concurrency_key IS NOT NULL;
+CREATE INDEX event_pending_concurrency ON throttle.event (queue, concurrency_key, run_at)
+    WHERE state = 'pending' AND concurrency_key IS NOT NULL;
+
 -- Every column but the claim's token.
 REVOKE SELECT ON throttle.event FROM PUBLIC;
 GRANT SELECT (id, queue, item_key, group_key, payload, run_at, state, attempts, max_attempts,
               enqueued_at, enqueued_by, claimed_at, claimed_by, lease_until, completed_at,
               completed_by, cancelled_at, last_error, claimed_role, priority, failed_at,
-              cancelled_by)
+              cancelled_by, concurrency_key)
     ON throttle.event TO PUBLIC;
 -- pg_dump keeps the event ids' sequence with the events (0.1.0 restored
 -- them beside a sequence that started again at 1).
@@ -121,16 +131,30 @@ COMMENT ON COLUMN throttle.group_policy.strict_order IS 'A group''s events run i
 GRANT SELECT ON throttle.group_policy TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('throttle.group_policy', '');
 
-CREATE FUNCTION throttle._group_policy_changes()
+-- How many events of one concurrency_key are claimed at once.
+CREATE TABLE throttle.concurrency_policy (
+    queue        text PRIMARY KEY CHECK (queue <> '' AND octet_length(queue) <= 63),
+    max_claimed  integer NOT NULL DEFAULT 1 CHECK (max_claimed > 0)
+);
+COMMENT ON TABLE throttle.concurrency_policy IS
+    'How many events that share a concurrency_key throttle.claim hands out at once, per queue; a queue not named here has one.';
+COMMENT ON COLUMN throttle.concurrency_policy.max_claimed IS 'How many events of one concurrency_key may be claimed at once (claims whose lease holds), whichever workers hold them.';
+GRANT SELECT ON throttle.concurrency_policy TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('throttle.concurrency_policy', '');
+
+CREATE FUNCTION throttle._policy_changes()
 RETURNS trigger
-AS 'MODULE_PATHNAME', 'pg_throttle_group_policy_changes'
+AS 'MODULE_PATHNAME', 'pg_throttle_policy_changes'
 LANGUAGE C;
-COMMENT ON FUNCTION throttle._group_policy_changes() IS
-    'Internal: makes a statement that changes throttle.group_policy wait for the claim_group calls in progress (and the calls after it wait for its commit), so a lowered workers holds exactly.';
-REVOKE EXECUTE ON FUNCTION throttle._group_policy_changes() FROM PUBLIC;
+COMMENT ON FUNCTION throttle._policy_changes() IS
+    'Internal: makes a statement that changes throttle.group_policy or throttle.concurrency_policy wait for the claims in progress (and the claims after it wait for its commit), so a lowered limit holds exactly.';
+REVOKE EXECUTE ON FUNCTION throttle._policy_changes() FROM PUBLIC;
 CREATE TRIGGER group_policy_changes
     BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON throttle.group_policy
-    FOR EACH STATEMENT EXECUTE FUNCTION throttle._group_policy_changes();
+    FOR EACH STATEMENT EXECUTE FUNCTION throttle._policy_changes();
+CREATE TRIGGER concurrency_policy_changes
+    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON throttle.concurrency_policy
+    FOR EACH STATEMENT EXECUTE FUNCTION throttle._policy_changes();
 
 -- reset knows the queue buckets.
 COMMENT ON FUNCTION throttle.reset(text, text) IS
@@ -199,10 +223,28 @@ $$;
 COMMENT ON FUNCTION throttle._check_schedule(text, integer, text) IS
     'Internal: raises 22023 unless on_duplicate, max_attempts and the queue name are valid for schedule.';
 
+CREATE FUNCTION throttle._check_concurrency_key(group_key text, concurrency_key text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF concurrency_key = '' THEN
+        RAISE EXCEPTION 'concurrency_key must not be empty' USING ERRCODE = 'invalid_parameter_value',
+              HINT = 'NULL means none.';
+    ELSIF concurrency_key IS NOT NULL AND group_key IS NOT NULL THEN
+        RAISE EXCEPTION 'an event has a group_key or a concurrency_key, not both'
+              USING ERRCODE = 'invalid_parameter_value',
+                    HINT = 'A group''s events go to claim_group, which throttle.group_policy limits per group.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION throttle._check_concurrency_key(text, text) IS
+    'Internal: 22023 when concurrency_key is empty or comes with a group_key.';
+
 CREATE FUNCTION throttle.schedule(queue text, item_key text, run_at timestamptz,
                                   payload jsonb DEFAULT '{}', group_key text DEFAULT NULL,
                                   max_attempts integer DEFAULT 5, priority integer DEFAULT 0,
-                                  on_duplicate text DEFAULT 'replace')
+                                  on_duplicate text DEFAULT 'replace',
+                                  concurrency_key text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -218,19 +260,23 @@ BEGIN
     IF item_key = '' THEN
         RAISE EXCEPTION 'item_key must not be empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF octet_length(item_key) > 1024 OR octet_length(group_key) > 1024 THEN
+    IF octet_length(item_key) > 1024 OR octet_length(group_key) > 1024
+       OR octet_length(concurrency_key) > 1024 THEN
         RAISE EXCEPTION '% must have at most 1024 bytes',
-              CASE WHEN octet_length(item_key) > 1024 THEN 'item_key' ELSE 'group_key' END
+              CASE WHEN octet_length(item_key) > 1024 THEN 'item_key'
+                   WHEN octet_length(group_key) > 1024 THEN 'group_key'
+                   ELSE 'concurrency_key' END
               USING ERRCODE = 'invalid_parameter_value',
                     DETAIL = 'Keys are indexed; an index entry holds at most about 2700 bytes.';
     END IF;
+    PERFORM throttle._check_concurrency_key(group_key, concurrency_key);
     -- A pending event of item_key: replace moves it to run_at with the new
     -- payload and priority, keep_earlier does so but keeps the earlier
     -- run_at, ignore leaves it as it is. (A claimed one is never touched.)
     INSERT INTO throttle.event AS e (queue, item_key, group_key, payload, run_at, max_attempts,
-                                     enqueued_at, enqueued_by, priority)
+                                     enqueued_at, enqueued_by, priority, concurrency_key)
     VALUES (queue, item_key, group_key, payload, run_at, max_attempts, now, throttle._caller(),
-            priority)
+            priority, concurrency_key)
     ON CONFLICT (queue, item_key) WHERE state = 'pending'
     DO UPDATE SET run_at = CASE on_duplicate WHEN 'replace' THEN excluded.run_at
                                               WHEN 'keep_earlier' THEN least(e.run_at, excluded.run_at)
@@ -244,13 +290,14 @@ BEGIN
     RETURN event_id;
 END
 $$;
-COMMENT ON FUNCTION throttle.schedule(text, text, timestamptz, jsonb, text, integer, integer, text) IS
-    'Schedules an event, or, when item_key names a pending event of the queue, updates it as on_duplicate says (replace: run_at, payload and priority; keep_earlier: the same but the earlier run_at; ignore: nothing); returns its id. When the event of item_key is claimed it is left alone and a new event is scheduled, which no worker gets before the claimed one ends. NOTIFYs the channel named after the queue when the event is due.';
+COMMENT ON FUNCTION throttle.schedule(text, text, timestamptz, jsonb, text, integer, integer, text, text) IS
+    'Schedules an event, or, when item_key names a pending event of the queue, updates it as on_duplicate says (replace: run_at, payload and priority; keep_earlier: the same but the earlier run_at; ignore: nothing; its group_key and concurrency_key stay); returns its id. When the event of item_key is claimed it is left alone and a new event is scheduled, which no worker gets before the claimed one ends. NOTIFYs the channel named after the queue when the event is due.';
 
 CREATE FUNCTION throttle.schedule_many(queue text, item_keys text[], run_at timestamptz[],
                                        payloads jsonb[] DEFAULT NULL, group_keys text[] DEFAULT NULL,
                                        max_attempts integer DEFAULT 5, priority integer DEFAULT 0,
-                                       on_duplicate text DEFAULT 'replace')
+                                       on_duplicate text DEFAULT 'replace',
+                                       concurrency_keys text[] DEFAULT NULL)
 RETURNS bigint[]
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -267,16 +314,19 @@ BEGIN
             throttle._require(priority, 'priority'), throttle._require(on_duplicate, 'on_duplicate');
     PERFORM throttle._check_schedule(queue, max_attempts, on_duplicate);
     IF coalesce(array_ndims(item_keys), 1) <> 1 OR coalesce(array_ndims(run_at), 1) <> 1
-       OR coalesce(array_ndims(payloads), 1) <> 1 OR coalesce(array_ndims(group_keys), 1) <> 1 THEN
-        RAISE EXCEPTION 'item_keys, run_at, payloads and group_keys must be one-dimensional arrays'
+       OR coalesce(array_ndims(payloads), 1) <> 1 OR coalesce(array_ndims(group_keys), 1) <> 1
+       OR coalesce(array_ndims(concurrency_keys), 1) <> 1 THEN
+        RAISE EXCEPTION 'item_keys, run_at, payloads, group_keys and concurrency_keys must be one-dimensional arrays'
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF cardinality(run_at) <> n OR cardinality(payloads) <> n OR cardinality(group_keys) <> n THEN
-        RAISE EXCEPTION 'run_at, payloads and group_keys must have one element per item_key'
+    IF cardinality(run_at) <> n OR cardinality(payloads) <> n OR cardinality(group_keys) <> n
+       OR cardinality(concurrency_keys) <> n THEN
+        RAISE EXCEPTION 'run_at, payloads, group_keys and concurrency_keys must have one element per item_key'
               USING ERRCODE = 'invalid_parameter_value',
-                    DETAIL = format('%s item_keys, %s run_at, %s payloads, %s group_keys', n,
-                                    cardinality(run_at), coalesce(cardinality(payloads)::text, 'no'),
-                                    coalesce(cardinality(group_keys)::text, 'no'));
+                    DETAIL = format('%s item_keys, %s run_at, %s payloads, %s group_keys, %s concurrency_keys',
+                                    n, cardinality(run_at), coalesce(cardinality(payloads)::text, 'no'),
+                                    coalesce(cardinality(group_keys)::text, 'no'),
+                                    coalesce(cardinality(concurrency_keys)::text, 'no'));
     END IF;
     IF n = 0 THEN
         RETURN '{}';
@@ -288,11 +338,16 @@ BEGIN
                 WHEN b.p IS NULL AND payloads IS NOT NULL THEN 'payloads[' || b.ord || '] must not be NULL'
                 WHEN b.k = '' THEN 'item_keys[' || b.ord || '] must not be empty'
                 WHEN octet_length(b.k) > 1024 THEN 'item_keys[' || b.ord || '] must have at most 1024 bytes'
-                ELSE 'group_keys[' || b.ord || '] must have at most 1024 bytes' END
+                WHEN octet_length(b.g) > 1024 THEN 'group_keys[' || b.ord || '] must have at most 1024 bytes'
+                WHEN octet_length(b.c) > 1024 THEN 'concurrency_keys[' || b.ord || '] must have at most 1024 bytes'
+                WHEN b.c = '' THEN 'concurrency_keys[' || b.ord || '] must not be empty'
+                ELSE 'item_keys[' || b.ord || ']: an event has a group_key or a concurrency_key, not both' END
     INTO problem
-    FROM unnest(item_keys, run_at, payloads, group_keys) WITH ORDINALITY AS b(k, r, p, g, ord)
+    FROM unnest(item_keys, run_at, payloads, group_keys, concurrency_keys) WITH ORDINALITY
+         AS b(k, r, p, g, c, ord)
     WHERE b.k IS NULL OR b.r IS NULL OR (b.p IS NULL AND payloads IS NOT NULL) OR b.k = ''
-       OR octet_length(b.k) > 1024 OR octet_length(b.g) > 1024
+       OR octet_length(b.k) > 1024 OR octet_length(b.g) > 1024 OR octet_length(b.c) > 1024
+       OR b.c = '' OR (b.c IS NOT NULL AND b.g IS NOT NULL)
     ORDER BY b.ord LIMIT 1;
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION '%', problem
@@ -309,17 +364,19 @@ BEGIN
     BEGIN
         WITH batch AS (
             SELECT b.k AS item_key, b.r AS run_at, coalesce(b.p, '{}') AS payload, b.g AS group_key,
-                   b.ord
-            FROM unnest(item_keys, run_at, payloads, group_keys) WITH ORDINALITY AS b(k, r, p, g, ord)),
+                   b.c AS concurrency_key, b.ord
+            FROM unnest(item_keys, run_at, payloads, group_keys, concurrency_keys) WITH ORDINALITY
+                 AS b(k, r, p, g, c, ord)),
         numbered AS (
             SELECT o.*, nextval('throttle.event_id_seq') AS id
             FROM (SELECT * FROM batch ORDER BY batch.ord OFFSET 0) AS o),
         scheduled AS (
             INSERT INTO throttle.event AS e (id, queue, item_key, group_key, payload, run_at,
-                                             max_attempts, enqueued_at, enqueued_by, priority)
+                                             max_attempts, enqueued_at, enqueued_by, priority,
+                                             concurrency_key)
             OVERRIDING SYSTEM VALUE
             SELECT b.id, queue, b.item_key, b.group_key, b.payload, b.run_at, max_attempts, now,
-                   caller, priority
+                   caller, priority, b.concurrency_key
             FROM numbered b ORDER BY b.item_key COLLATE "C"
             RETURNING e.id, e.item_key, e.run_at)
         SELECT (SELECT array_agg(s.id ORDER BY b.ord) FROM batch b JOIN scheduled s USING (item_key)),
@@ -331,17 +388,20 @@ BEGIN
         NULL;  -- an item_key with a pending event, or named twice
     END;
     -- An item_key named more than once ends as its calls one after the
-    -- other would leave it: the first call's group_key; the last call's
+    -- other would leave it: the first call's group_key and concurrency_key; the last call's
     -- payload and run_at (replace), the last payload and the earliest run_at
     -- (keep_earlier), or the first call's (ignore). Rows go in in one order
     -- of item_key (bytewise), in both statements, so that two batches never
     -- wait for each other in a circle.
     WITH batch AS (
-        SELECT b.k AS item_key, b.r AS run_at, coalesce(b.p, '{}') AS payload, b.g AS group_key, b.ord
-        FROM unnest(item_keys, run_at, payloads, group_keys) WITH ORDINALITY AS b(k, r, p, g, ord)),
+        SELECT b.k AS item_key, b.r AS run_at, coalesce(b.p, '{}') AS payload, b.g AS group_key,
+               b.c AS concurrency_key, b.ord
+        FROM unnest(item_keys, run_at, payloads, group_keys, concurrency_keys) WITH ORDINALITY
+             AS b(k, r, p, g, c, ord)),
     folded AS (
         SELECT b.item_key,
                (array_agg(b.group_key ORDER BY b.ord))[1] AS group_key,
+               (array_agg(b.concurrency_key ORDER BY b.ord))[1] AS concurrency_key,
                CASE on_duplicate
                    WHEN 'replace' THEN (array_agg(b.run_at ORDER BY b.ord DESC))[1]
                    WHEN 'keep_earlier' THEN min(b.run_at)
@@ -355,10 +415,11 @@ BEGIN
         FROM (SELECT * FROM folded ORDER BY folded.first OFFSET 0) AS o),
     scheduled AS (
         INSERT INTO throttle.event AS e (id, queue, item_key, group_key, payload, run_at,
-                                         max_attempts, enqueued_at, enqueued_by, priority)
+                                         max_attempts, enqueued_at, enqueued_by, priority,
+                                         concurrency_key)
         OVERRIDING SYSTEM VALUE
         SELECT f.id, queue, f.item_key, f.group_key, f.payload, f.run_at, max_attempts, now, caller,
-               priority
+               priority, f.concurrency_key
         FROM numbered f ORDER BY f.item_key COLLATE "C"
         ON CONFLICT (queue, item_key) WHERE state = 'pending'
         DO UPDATE SET run_at = CASE on_duplicate WHEN 'replace' THEN excluded.run_at
@@ -374,8 +435,8 @@ BEGIN
     RETURN ids;
 END
 $$;
-COMMENT ON FUNCTION throttle.schedule_many(text, text[], timestamptz[], jsonb[], text[], integer, integer, text) IS
-    'Schedules a batch of events of one queue in one statement: item_keys[i] at run_at[i] with payloads[i] and group_keys[i] (the arrays have one element per item_key; payloads and group_keys may be NULL for none), as if throttle.schedule ran for each in turn; returns their ids in the order of item_keys (an item_key named twice gets one event, and its id twice). NOTIFYs the queue''s channel with each event that is due.';
+COMMENT ON FUNCTION throttle.schedule_many(text, text[], timestamptz[], jsonb[], text[], integer, integer, text, text[]) IS
+    'Schedules a batch of events of one queue in one statement: item_keys[i] at run_at[i] with payloads[i], group_keys[i] and concurrency_keys[i] (the arrays have one element per item_key; payloads, group_keys and concurrency_keys may be NULL for none), as if throttle.schedule ran for each in turn; returns their ids in the order of item_keys (an item_key named twice gets one event, and its id twice). NOTIFYs the queue''s channel with each event that is due.';
 
 CREATE FUNCTION throttle._newer_run_committed(violated text)
 RETURNS boolean
@@ -421,10 +482,19 @@ RETURNS void
 LANGUAGE sql AS $$
     SELECT pg_notify(u.queue, u.id::text) FROM throttle.event u  -- event_pending_key
     WHERE (u.queue, u.item_key) IN (SELECT f.queue, f.item_key FROM unnest(ended) AS f)
-      AND u.state = 'pending' AND u.run_at <= throttle.now()
+      AND u.state = 'pending' AND u.run_at <= throttle.now();
+    -- A claim of a concurrency_key ended: the key's oldest due event.
+    SELECT pg_notify(k.queue, w.id::text)
+    FROM (SELECT DISTINCT f.queue, f.concurrency_key FROM unnest(ended) AS f
+          WHERE f.concurrency_key IS NOT NULL) AS k
+    CROSS JOIN LATERAL (SELECT u.id FROM throttle.event u  -- event_pending_concurrency
+                        WHERE u.queue = k.queue AND u.concurrency_key = k.concurrency_key
+                          AND u.state = 'pending' AND u.concurrency_key IS NOT NULL
+                          AND u.run_at <= throttle.now()
+                        ORDER BY u.run_at LIMIT 1) AS w
 $$;
 COMMENT ON FUNCTION throttle._notify_successors(throttle.event[]) IS
-    'Internal: NOTIFYs the due pending runs of the item_keys of events whose claim ended.';
+    'Internal: NOTIFYs the due pending runs of the item_keys of events whose claim ended, and the oldest due event of their concurrency_keys.';
 
 CREATE FUNCTION throttle.complete(ids bigint[], token bigint)
 RETURNS integer
@@ -902,7 +972,7 @@ BEGIN
                  ('complete', 'throttle.complete(bigint[], bigint)'),
                  ('fail', 'throttle.fail(bigint[], bigint, text, interval)'),
                  ('extend', 'throttle.extend(bigint[], bigint, interval)'),
-                 ('schedule', 'throttle.schedule(text, text, timestamptz, jsonb, text, integer, integer, text)'),
+                 ('schedule', 'throttle.schedule(text, text, timestamptz, jsonb, text, integer, integer, text, text)'),
                  ('claim_group', 'throttle.claim_group(text, text, interval, integer)')) AS v(name, signature)
     LOOP
         acl := current_setting('pg_throttle_upgrade.acl_' || f.name, true);

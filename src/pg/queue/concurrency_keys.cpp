@@ -1,0 +1,137 @@
+// Per-key concurrency for throttle.claim (concurrency_keys.hpp).
+#include "pg/queue/concurrency_keys.hpp"
+
+#include "pg/kept_plan.hpp"
+#include "pg/queue/lock_classes.hpp"
+#include "pg/queue/policy_lock.hpp"
+
+extern "C" {
+#include "storage/lmgr.h"
+}
+
+namespace pg_throttle::pg {
+namespace {
+
+KeptPlan policy_query{
+    "SELECT max_claimed FROM throttle.concurrency_policy WHERE queue = $1", 1, {TEXTOID}, nullptr};
+
+// Found through event_claimed_concurrency.
+KeptPlan claims_of_key{
+    "SELECT count(*) FROM throttle.event c"
+    " WHERE c.queue = $1 AND c.concurrency_key = $2 AND c.state = 'claimed'"
+    "   AND c.concurrency_key IS NOT NULL AND c.lease_until > $3",
+    3,
+    {TEXTOID, TEXTOID, TIMESTAMPTZOID},
+    nullptr};
+
+// The key lock of (queue, key), taken without waiting until the transaction
+// ends; false when another transaction holds it.
+bool try_lock_key(Datum queue, const text* key) {
+    const text* queue_text = DatumGetTextPP(queue);
+    const uint64 queue_hash =
+        hash_bytes_extended(reinterpret_cast<const unsigned char*>(VARDATA_ANY(queue_text)),
+                            static_cast<int>(VARSIZE_ANY_EXHDR(queue_text)), 0);
+    const uint64 hash =
+        hash_bytes_extended(reinterpret_cast<const unsigned char*>(VARDATA_ANY(key)),
+                            static_cast<int>(VARSIZE_ANY_EXHDR(key)), queue_hash);
+    LOCKTAG tag;
+    SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, static_cast<uint32>(hash >> 32),
+                         static_cast<uint32>(hash), kConcurrencyKeyLockClass);
+    return LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
+}
+
+int32 read_policy(ConcurrencyKeys* keys) {
+    if (!keys->policy_read) {
+        lock_queue_policies(ShareLock);
+        Datum args[1] = {keys->queue};
+        run_kept_plan_latest(&policy_query, args, nullptr, SPI_OK_SELECT, 1);
+        keys->max_claimed = 1;
+        if (SPI_processed == 1) {
+            bool is_null = false;
+            keys->max_claimed = DatumGetInt32(
+                SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
+        }
+        SPI_freetuptable(SPI_tuptable);
+        keys->policy_read = true;
+    }
+    return keys->max_claimed;
+}
+
+// How many more events of `key` may be claimed now: the policy's
+// max_claimed less the key's claims whose lease holds. Under the key lock.
+int32 room_of(ConcurrencyKeys* keys, const text* key) {
+    const int32 max_claimed = read_policy(keys);
+    Datum args[3] = {keys->queue, PointerGetDatum(key), TimestampTzGetDatum(keys->now)};
+    run_kept_plan_latest(&claims_of_key, args, nullptr, SPI_OK_SELECT, 1);
+    bool is_null = false;
+    const int64 claimed =
+        DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
+    SPI_freetuptable(SPI_tuptable);
+    return claimed >= max_claimed ? 0 : static_cast<int32>(max_claimed - claimed);
+}
+
+KeyRoom* find(ConcurrencyKeys* keys, const text* key) {
+    for (int i = 0; i < keys->count; ++i) {
+        const text* known = keys->keys[i].key;
+        if (VARSIZE_ANY_EXHDR(known) == VARSIZE_ANY_EXHDR(key) &&
+            std::memcmp(VARDATA_ANY(known), VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key)) == 0) {
+            return &keys->keys[i];
+        }
+    }
+    return nullptr;
+}
+
+KeyRoom* add(ConcurrencyKeys* keys, const text* key, int32 room) {
+    if (keys->count == keys->capacity) {
+        keys->capacity *= 2;
+        keys->keys = static_cast<KeyRoom*>(
+            repalloc(keys->keys, sizeof(KeyRoom) * static_cast<size_t>(keys->capacity)));
+    }
+    KeyRoom* entry = &keys->keys[keys->count++];
+    entry->key = DatumGetTextPCopy(PointerGetDatum(key));
+    entry->room = room;
+    return entry;
+}
+
+}  // namespace
+
+ConcurrencyKeys concurrency_keys_start(Datum queue, TimestampTz now) {
+    ConcurrencyKeys keys{};
+    keys.queue = queue;
+    keys.now = now;
+    keys.capacity = 8;
+    keys.keys = static_cast<KeyRoom*>(palloc(sizeof(KeyRoom) * 8));
+    return keys;
+}
+
+bool concurrency_key_admit(ConcurrencyKeys* keys, const text* key) {
+    KeyRoom* entry = find(keys, key);
+    if (entry == nullptr) {
+        if (keys->locked >= kMaxKeysPerClaim || !try_lock_key(keys->queue, key)) {
+            entry = add(keys, key, 0);
+        } else {
+            ++keys->locked;
+            const int32 room = room_of(keys, key);
+            entry = add(keys, key, room);
+        }
+    }
+    if (entry->room == 0) {
+        return false;
+    }
+    --entry->room;
+    return true;
+}
+
+ArrayType* concurrency_keys_full(const ConcurrencyKeys& keys) {
+    auto* elements =
+        static_cast<Datum*>(palloc(sizeof(Datum) * (keys.count == 0 ? 1 : keys.count)));
+    int n = 0;
+    for (int i = 0; i < keys.count; ++i) {
+        if (keys.keys[i].room == 0) {
+            elements[n++] = PointerGetDatum(keys.keys[i].key);
+        }
+    }
+    return construct_array(elements, n, TEXTOID, -1, false, TYPALIGN_INT);
+}
+
+}  // namespace pg_throttle::pg

@@ -1,0 +1,57 @@
+// Per-key concurrency for throttle.claim (throttle.concurrency_policy): of
+// the events of a queue that share a concurrency_key, at most max_claimed
+// are claimed at once (claims whose lease holds), whichever workers hold
+// them; 1 when the queue is not named in the policy.
+//
+// Exact under concurrency and after crashes, with nothing in shared memory:
+//  - before it takes an event of key K, a claim takes K's key lock (an
+//    advisory lock of pg_throttle's own class on a hash of the queue and K,
+//    lock_classes.hpp) without waiting, and holds it until its transaction
+//    ends. A claim that finds it held leaves K's events this time, as SKIP
+//    LOCKED leaves rows.
+//  - Holding it, the claim counts K's claims whose lease holds in the latest
+//    snapshot: every claim of K that committed before is counted, and no
+//    other is in progress. It takes at most max_claimed minus that many.
+//  - The count comes from the table, whose claims are durable
+//    (durable_commit.hpp): after a crash, a claim whose lease holds still
+//    counts until its lease ends.
+// Two keys whose hashes collide share a lock: one claim leaves the other's
+// events for a moment, never takes more. A claim takes events of at most
+// kMaxKeysPerClaim keys (one lock each, from the server's lock table).
+#pragma once
+
+#include "pg/pg_headers.hpp"
+
+namespace pg_throttle::pg {
+
+inline constexpr int kMaxKeysPerClaim = 16;
+
+struct KeyRoom {
+    text* key;
+    int32 room;  // events of key this claim may still take; 0: none
+};
+
+// The keys one claim has met. Plain data in the claim's memory context.
+struct ConcurrencyKeys {
+    Datum queue;  // text
+    TimestampTz now;
+    bool policy_read;
+    int32 max_claimed;
+    int locked;  // key locks taken
+    int count;
+    int capacity;
+    KeyRoom* keys;
+};
+
+// No key met yet, for a claim of `queue` at `now`.
+ConcurrencyKeys concurrency_keys_start(Datum queue, TimestampTz now);
+
+// Whether the claim may take one more event of `key` (which it then counts
+// as taken): the first time it meets `key`, it takes the key lock and counts
+// the key's claims (inside SPI_connect; SPI_tuptable is replaced).
+bool concurrency_key_admit(ConcurrencyKeys* keys, const text* key);
+
+// The keys of which the claim takes no more events, as a text[].
+ArrayType* concurrency_keys_full(const ConcurrencyKeys& keys);
+
+}  // namespace pg_throttle::pg

@@ -1,0 +1,41 @@
+// The policy lock (policy_lock.hpp) and the trigger that takes it.
+//
+// It is an advisory lock of a class of its own (field 4 of the tag, which
+// pg_advisory_lock's keys never use), one per database. It costs a claim one
+// lock-manager round trip and writes nothing (no transaction id, no WAL),
+// unlike a row lock on the policy, which would make every empty poll write.
+#include "pg/queue/policy_lock.hpp"
+
+#include "pg/boundary.hpp"
+#include "pg/queue/lock_classes.hpp"
+
+extern "C" {
+#include "commands/trigger.h"
+#include "storage/lmgr.h"
+}
+
+namespace pg_throttle::pg {
+
+void lock_queue_policies(LOCKMODE mode) {
+    LOCKTAG tag;
+    SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, 0, 0, kPolicyLockClass);
+    (void)LockAcquire(&tag, mode, false, false);
+}
+
+namespace {
+
+// () -> trigger: FOR EACH STATEMENT on throttle.group_policy and
+// throttle.concurrency_policy.
+Datum policy_changes(FunctionCallInfo fcinfo) {
+    if (!CALLED_AS_TRIGGER(fcinfo)) {
+        ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+                        errmsg("throttle._policy_changes is a trigger")));
+    }
+    lock_queue_policies(ExclusiveLock);
+    return PointerGetDatum(nullptr);
+}
+
+}  // namespace
+}  // namespace pg_throttle::pg
+
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_policy_changes, pg_throttle::pg::policy_changes)

@@ -1,0 +1,283 @@
+#!/usr/bin/python3
+"""Per-key concurrency: events without a group that share a concurrency_key
+are claimed at most throttle.concurrency_policy.max_claimed at once (1 when
+the queue is not named there), whoever claims them.
+
+First the rules, one at a time, on the extension's clock (test_clock): the
+first claim takes one event per key and the events without a key, the next
+gets nothing, a completion frees one place, a raised limit lets more in at
+once, a lowered one holds new claims back until the key is under it, claims
+whose lease ended no longer count and are taken over within the limit, and
+bad keys are refused (22023).
+
+Then what one session's open transaction does to another: a key whose
+events an uncommitted claim is taking is left (not waited for) by the
+others, a claim under repeatable read applies a limit lowered after its
+snapshot, a change of the policy waits for a claim in progress, and a claim
+that finds every key full takes no transaction id.
+
+Then a race on the real clock: 10 workers drain a queue of 6 keys whose
+keys take 2 claims, claiming 1 to 4 events at a time. Each worker logs, for
+each event, when its claim returned and when it called complete; those
+spans lie inside the time the event was claimed, so no instant may fall in
+3 spans of one key. Every event is completed exactly once.
+"""
+import collections
+import os
+import random
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from pgconn import connect, sql_error  # noqa: E402
+from tap import Tap  # noqa: E402
+
+QUEUE = "it.conckey"
+ISOLATION = "it.conckey.iso"
+RACE_QUEUE = "it.conckey.race"
+WORKERS = 10
+KEYS = 6
+PER_KEY = 60
+UNKEYED = 60
+LIMIT = 2
+
+
+def rows(cur, sql, params=None):
+    cur.execute(sql, params)
+    return cur.fetchall()
+
+
+def claim(cur, worker, max_=10, queue=QUEUE, lease="1 minute"):
+    """The claimed events as {item_key: id}, and the claim's token."""
+    got = rows(cur, "SELECT item_key, id, claim_token FROM throttle.claim(%s, %s, %s, %s)",
+               (queue, worker, lease, max_))
+    return {r[0]: r[1] for r in got}, (got[0][2] if got else None)
+
+
+def complete(cur, ids, token):
+    return rows(cur, "SELECT throttle.complete(%s::bigint[], %s)", (list(ids), token))[0][0]
+
+
+def schedule(cur, keys, queue=QUEUE, age="1 minute"):
+    """Schedules item_key -> concurrency_key (None: no key), due `age` ago,
+    in the order given (older first)."""
+    for n, (item, key) in enumerate(keys):
+        cur.execute("SELECT throttle.schedule(%s, %s, throttle.now() - %s::interval"
+                    " + %s * interval '1 second', concurrency_key => %s)",
+                    (queue, item, age, n, key))
+
+
+def rules(tap):
+    conn = connect()
+    cur = conn.cursor()
+    cur.execute("SET pg_throttle.test_clock = '2030-01-01 12:00:00+00'")
+    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (QUEUE,))
+    cur.execute("DELETE FROM throttle.concurrency_policy WHERE queue = %s", (QUEUE,))
+    schedule(cur, [("a1", "a"), ("a2", "a"), ("a3", "a"), ("a4", "a"), ("b1", "b"), ("b2", "b"),
+                   ("n1", None)])
+
+    c1, t1 = claim(cur, "w1")
+    tap.is_(sorted(c1), ["a1", "b1", "n1"],
+            "no policy: one event per key, and the events without a key")
+    tap.is_(claim(cur, "w2")[0], {}, "the next claim gets nothing: both keys are full")
+    tap.is_(complete(cur, [c1["a1"]], t1), 1, "a1 completes")
+    c3, _ = claim(cur, "w3")
+    tap.is_(sorted(c3), ["a2"], "its key takes one more, the oldest")
+
+    cur.execute("INSERT INTO throttle.concurrency_policy VALUES (%s, 3)", (QUEUE,))
+    c4, _ = claim(cur, "w4")
+    tap.is_(sorted(c4), ["a3", "a4", "b2"], "max_claimed 3: two more of a (a2 holds), one more of b")
+    schedule(cur, [("a5", "a"), ("b3", "b")])
+    c5, _ = claim(cur, "w5")
+    tap.is_(sorted(c5), ["b3"], "a has 3 claimed and takes none; b takes its third")
+    c5b, _ = claim(cur, "w5", max_=1)
+    tap.is_(c5b, {}, "two calls: still none")
+
+    cur.execute("UPDATE throttle.concurrency_policy SET max_claimed = 1 WHERE queue = %s", (QUEUE,))
+    tap.is_(complete(cur, [c1["b1"], c1["n1"]], t1), 2, "b1 completes: b has 2 claimed")
+    schedule(cur, [("b4", "b")])
+    tap.is_(claim(cur, "w6")[0], {}, "lowered to 1 with 2 of b claimed: no new claim of b")
+
+    # Every lease ended: expired claims count no more and are taken over
+    # first, within the limit: one per key.
+    cur.execute("SET pg_throttle.test_clock = '2030-01-01 12:02:00+00'")
+    c7, _ = claim(cur, "w7")
+    tap.is_(sorted(c7), ["a2", "b2"],
+            "past the leases: the oldest expired claim of each key is taken over, one per key")
+    tap.is_(rows(cur, "SELECT attempts FROM throttle.event WHERE queue = %s AND item_key IN ('a2', 'b2')"
+                      " AND state = 'claimed' ORDER BY item_key", (QUEUE,)), [(2,), (2,)],
+            "as second attempts")
+    tap.is_(claim(cur, "w8")[0], {}, "and nothing more of either key")
+
+    # Bad keys.
+    cur.execute("RESET pg_throttle.test_clock")
+    errors = [
+        sql_error(conn, "SELECT throttle.schedule(%s, 'x', now(), group_key => 'g',"
+                        " concurrency_key => 'k')", (QUEUE,)),
+        sql_error(conn, "SELECT throttle.schedule(%s, 'x', now(), concurrency_key => '')", (QUEUE,)),
+        sql_error(conn, "SELECT throttle.schedule(%s, 'x', now(), concurrency_key => repeat('k', 1025))",
+                  (QUEUE,)),
+        sql_error(conn, "SELECT throttle.schedule_many(%s, ARRAY['x', 'y'], ARRAY[now(), now()],"
+                        " group_keys => ARRAY[NULL, 'g'], concurrency_keys => ARRAY['k', 'k'])", (QUEUE,)),
+        sql_error(conn, "SELECT throttle.schedule_many(%s, ARRAY['x'], ARRAY[now()],"
+                        " concurrency_keys => ARRAY['k', 'k'])", (QUEUE,)),
+        sql_error(conn, "INSERT INTO throttle.event (queue, item_key, run_at, enqueued_at, enqueued_by,"
+                        " group_key, concurrency_key) VALUES ('q', 'x', now(), now(), 'me', 'g', 'k')"),
+    ]
+    codes = [e[0] if e else None for e in errors]
+    tap.is_(codes, ["22023", "22023", "22023", "22023", "22023", "23514"],
+            "a key with a group, an empty key, a key over 1024 bytes, the same in a batch,"
+            " and a batch of the wrong length are refused; the table's CHECK holds too")
+    tap.ok(errors[3] and "item_keys[2]" in errors[3][1], "a batch names the element at fault",
+           str(errors[3]))
+    cur.execute("DELETE FROM throttle.concurrency_policy WHERE queue = %s", (QUEUE,))
+    conn.close()
+
+
+def isolation(tap):
+    conn = connect()
+    cur = conn.cursor()
+    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (ISOLATION,))
+    cur.execute("INSERT INTO throttle.concurrency_policy VALUES (%s, 2)", (ISOLATION,))
+    schedule(cur, [("c1", "c"), ("c2", "c"), ("d1", "d")], queue=ISOLATION)
+    cur.execute("SET statement_timeout = '3s'")
+
+    # A claim of key c in progress: the others leave c, and wait for nothing.
+    open_claim = connect(autocommit=False)
+    oc = open_claim.cursor()
+    got, _ = claim(oc, "o", max_=1, queue=ISOLATION)
+    tap.is_(sorted(got), ["c1"], "an uncommitted claim takes c1")
+    tap.is_(sorted(claim(cur, "p", queue=ISOLATION)[0]), ["d1"],
+            "another claim meanwhile leaves key c (it does not wait) and takes d1")
+    cur.execute("SET lock_timeout = '300ms'")
+    tap.is_((sql_error(conn, "UPDATE throttle.concurrency_policy SET max_claimed = 3") or [None])[0],
+            "55P03", "a change of the policy waits for a claim of a key in progress")
+    cur.execute("RESET lock_timeout")
+    open_claim.commit()
+    tap.is_(sorted(claim(cur, "q", queue=ISOLATION)[0]), ["c2"],
+            "once it commits, c has room for one more: c2")
+
+    # Lowered while a repeatable-read transaction holds a snapshot from before.
+    # (Its snapshot's limit, 3, would let c3 in beside c1 and c2.)
+    schedule(cur, [("c3", "c")], queue=ISOLATION)
+    cur.execute("UPDATE throttle.concurrency_policy SET max_claimed = 3 WHERE queue = %s", (ISOLATION,))
+    old = connect(autocommit=False)
+    old_cur = old.cursor()
+    old_cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    old_cur.execute("SELECT 1")
+    cur.execute("UPDATE throttle.concurrency_policy SET max_claimed = 1 WHERE queue = %s", (ISOLATION,))
+    tap.is_(claim(old_cur, "x", queue=ISOLATION)[0], {},
+            "a repeatable-read claim applies the limit lowered after its snapshot")
+    old.rollback()
+
+    # A poll that finds every key full writes nothing.
+    old_cur.execute("SELECT count(*) FROM throttle.claim(%s, 'z', '1 minute', 5)", (ISOLATION,))
+    old_cur.execute("SELECT pg_current_xact_id_if_assigned() IS NULL")
+    tap.is_(old_cur.fetchone()[0], True, "a claim that finds every key full takes no transaction id")
+    old.rollback()
+    cur.execute("RESET statement_timeout")
+    cur.execute("DELETE FROM throttle.concurrency_policy WHERE queue = %s", (ISOLATION,))
+    open_claim.close()
+    old.close()
+    conn.close()
+
+
+def drained(cur):
+    return rows(cur, "SELECT count(*) FROM throttle.event WHERE queue = %s"
+                     " AND state IN ('pending', 'claimed')", (RACE_QUEUE,))[0][0] == 0
+
+
+def race_worker(index, log, errors, stop_at):
+    conn = connect()
+    cur = conn.cursor()
+    rng = random.Random(index)
+    try:
+        while time.monotonic() < stop_at:
+            got = rows(cur, "SELECT id, claim_token, concurrency_key FROM throttle.claim("
+                            "%s, %s, '1 minute', %s)", (RACE_QUEUE, f"w{index}", rng.randint(1, 4)))
+            returned = time.monotonic()
+            if not got:
+                if drained(cur):
+                    return
+                time.sleep(0.005)
+                continue
+            time.sleep(rng.uniform(0.0, 0.02))
+            ids, token = [r[0] for r in got], got[0][1]
+            completing = time.monotonic()
+            done = complete(cur, ids, token)
+            log.append(([(r[0], r[2]) for r in got], returned, completing, done))
+    except Exception as e:  # noqa: BLE001 - reported as a test failure
+        errors.append(f"w{index}: {e}")
+    finally:
+        conn.close()
+
+
+def most_at_once(spans):
+    """The most spans (start, end) that share an instant."""
+    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans],
+                   key=lambda edge: (edge[0], edge[1]))
+    now = best = 0
+    for _, step in edges:
+        now += step
+        best = max(best, now)
+    return best
+
+
+def race(tap):
+    conn = connect()
+    cur = conn.cursor()
+    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (RACE_QUEUE,))
+    cur.execute("INSERT INTO throttle.concurrency_policy VALUES (%s, %s)", (RACE_QUEUE, LIMIT))
+    # In run_at order the keys come three by three, so that a claim of 3 or
+    # 4 meets more of one key than it may take, and the 6 keys are crowded.
+    total = KEYS * PER_KEY + UNKEYED
+    cur.execute("SELECT throttle.schedule_many(%s, array_agg('e' || n ORDER BY n),"
+                " array_agg(now() - interval '1 hour' + n * interval '1 ms' ORDER BY n), NULL, NULL,"
+                " concurrency_keys => array_agg(CASE WHEN n %% 7 = 0 THEN NULL"
+                "                                    ELSE 'k' || (n / 3) %% %s END ORDER BY n))"
+                " FROM generate_series(1, %s) n", (RACE_QUEUE, KEYS, total))
+    log, errors = [], []
+    stop_at = time.monotonic() + 120
+    threads = [threading.Thread(target=race_worker, args=(i, log, errors, stop_at))
+               for i in range(WORKERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    tap.is_(errors, [], "no worker failed")
+
+    spans = collections.defaultdict(list)
+    for events, returned, completing, _ in log:
+        for _, key in events:
+            if key is not None:
+                spans[key].append((returned, completing))
+    worst = max((most_at_once(s) for s in spans.values()), default=0)
+    tap.ok(worst <= LIMIT, f"no key had more than {LIMIT} events claimed at once",
+           f"most at once: {worst}")
+    tap.ok(worst == LIMIT, "keys had several events claimed at once (the limit was reached)",
+           f"most at once: {worst}")
+    fenced = [entry for entry in log if entry[3] != len(entry[0])]
+    tap.is_(fenced, [], "every claim completed all of its events")
+    completed = collections.Counter(i for events, *_ in log for i, _ in events)
+    tap.ok(len(completed) == total and max(completed.values()) == 1,
+           "every event was completed exactly once",
+           f"{len(completed)} events, most completions of one: {max(completed.values(), default=0)}")
+    left = rows(cur, "SELECT count(*) FROM throttle.event WHERE queue = %s AND state <> 'done'",
+                (RACE_QUEUE,))[0][0]
+    tap.is_(left, 0, "the table agrees: every event is done")
+    cur.execute("DELETE FROM throttle.concurrency_policy WHERE queue = %s", (RACE_QUEUE,))
+    print(f"# {len(log)} claims of {total} events, most claimed of one key at once: {worst}")
+    conn.close()
+
+
+def main():
+    tap = Tap(26)
+    rules(tap)
+    isolation(tap)
+    race(tap)
+    return tap.done()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
