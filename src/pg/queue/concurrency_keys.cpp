@@ -1,6 +1,7 @@
 // Per-key concurrency for throttle.claim (concurrency_keys.hpp).
 #include "pg/queue/concurrency_keys.hpp"
 
+#include "pg/boundary.hpp"
 #include "pg/kept_plan.hpp"
 #include "pg/queue/lock_classes.hpp"
 #include "pg/queue/policy_lock.hpp"
@@ -15,6 +16,20 @@ namespace {
 KeptPlan policy_query{
     "SELECT max_claimed FROM throttle.concurrency_policy WHERE queue = $1", 1, {TEXTOID}, nullptr};
 
+// The keys whose claims fill them in the snapshot (event_claimed_concurrency):
+// a first cut that the key lock and the count make exact.
+KeptPlan full_keys{
+    "SELECT coalesce(array_agg(f.concurrency_key), '{}') FROM ("
+    "  SELECT c.concurrency_key FROM throttle.event c"
+    "  WHERE c.queue = $1 AND c.state = 'claimed' AND c.concurrency_key IS NOT NULL"
+    "    AND c.lease_until > $2"
+    "  GROUP BY c.concurrency_key"
+    "  HAVING count(*) >= coalesce((SELECT p.max_claimed FROM throttle.concurrency_policy p"
+    "                               WHERE p.queue = $1), 1)) AS f",
+    2,
+    {TEXTOID, TIMESTAMPTZOID},
+    nullptr};
+
 // Found through event_claimed_concurrency.
 KeptPlan claims_of_key{
     "SELECT count(*) FROM throttle.event c"
@@ -24,9 +39,8 @@ KeptPlan claims_of_key{
     {TEXTOID, TEXTOID, TIMESTAMPTZOID},
     nullptr};
 
-// The key lock of (queue, key), taken without waiting until the transaction
-// ends; false when another transaction holds it.
-bool try_lock_key(Datum queue, const text* key) {
+// The key lock of (queue, key).
+LOCKTAG key_lock_tag(Datum queue, const text* key) {
     const text* queue_text = DatumGetTextPP(queue);
     const uint64 queue_hash =
         hash_bytes_extended(reinterpret_cast<const unsigned char*>(VARDATA_ANY(queue_text)),
@@ -37,12 +51,27 @@ bool try_lock_key(Datum queue, const text* key) {
     LOCKTAG tag;
     SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, static_cast<uint32>(hash >> 32),
                          static_cast<uint32>(hash), kConcurrencyKeyLockClass);
+    return tag;
+}
+
+// The key lock, taken without waiting until the transaction ends; false
+// when another transaction holds it.
+bool try_lock_key(Datum queue, const text* key) {
+    LOCKTAG tag = key_lock_tag(queue, key);
     return LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
 }
 
+void unlock_key(Datum queue, const text* key) {
+    LOCKTAG tag = key_lock_tag(queue, key);
+    (void)LockRelease(&tag, ExclusiveLock, false);
+}
+
 int32 read_policy(ConcurrencyKeys* keys) {
+    if (!keys->policy_read && !try_lock_queue_policies_shared()) {
+        keys->max_claimed = 0;  // a change of it in progress: no keyed event now
+        keys->policy_read = true;
+    }
     if (!keys->policy_read) {
-        lock_queue_policies(ShareLock);
         Datum args[1] = {keys->queue};
         run_kept_plan_latest(&policy_query, args, nullptr, SPI_OK_SELECT, 1);
         keys->max_claimed = 1;
@@ -61,6 +90,9 @@ int32 read_policy(ConcurrencyKeys* keys) {
 // max_claimed less the key's claims whose lease holds. Under the key lock.
 int32 room_of(ConcurrencyKeys* keys, const text* key) {
     const int32 max_claimed = read_policy(keys);
+    if (max_claimed == 0) {
+        return 0;
+    }
     Datum args[3] = {keys->queue, PointerGetDatum(key), TimestampTzGetDatum(keys->now)};
     run_kept_plan_latest(&claims_of_key, args, nullptr, SPI_OK_SELECT, 1);
     bool is_null = false;
@@ -101,6 +133,17 @@ ConcurrencyKeys concurrency_keys_start(Datum queue, TimestampTz now) {
     keys.now = now;
     keys.capacity = 8;
     keys.keys = static_cast<KeyRoom*>(palloc(sizeof(KeyRoom) * 8));
+    Datum args[2] = {queue, TimestampTzGetDatum(now)};
+    run_kept_plan(&full_keys, args, nullptr, SPI_OK_SELECT, 1);
+    bool is_null = false;
+    ArrayType* full = DatumGetArrayTypeP(
+        SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
+    Datum* elements = nullptr;
+    int n = 0;
+    deconstruct_array(full, TEXTOID, -1, false, TYPALIGN_INT, &elements, nullptr, &n);
+    for (int i = 0; i < n; ++i) {
+        (void)add(&keys, DatumGetTextPP(elements[i]), 0);
+    }
     return keys;
 }
 
@@ -113,6 +156,10 @@ bool concurrency_key_admit(ConcurrencyKeys* keys, const text* key) {
             ++keys->locked;
             const int32 room = room_of(keys, key);
             entry = add(keys, key, room);
+            if (room == 0) {  // nothing of it taken: let the others have it
+                unlock_key(keys->queue, key);
+                --keys->locked;
+            }
         }
     }
     if (entry->room == 0) {
@@ -134,4 +181,19 @@ ArrayType* concurrency_keys_full(const ConcurrencyKeys& keys) {
     return construct_array(elements, n, TEXTOID, -1, false, TYPALIGN_INT);
 }
 
+namespace {
+
+// (queue text, concurrency_key text) -> void: extend's key lock, waited for.
+Datum lock_concurrency_key(FunctionCallInfo fcinfo) {
+    if (PG_ARGISNULL(0) || PG_ARGISNULL(1)) {
+        PG_RETURN_VOID();
+    }
+    LOCKTAG tag = key_lock_tag(PG_GETARG_DATUM(0), PG_GETARG_TEXT_PP(1));
+    (void)LockAcquire(&tag, ExclusiveLock, false, false);
+    PG_RETURN_VOID();
+}
+
+}  // namespace
 }  // namespace pg_throttle::pg
+
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_lock_concurrency_key, pg_throttle::pg::lock_concurrency_key)

@@ -11,13 +11,19 @@
 //    LOCKED leaves rows.
 //  - Holding it, the claim counts K's claims whose lease holds in the latest
 //    snapshot: every claim of K that committed before is counted, and no
-//    other is in progress. It takes at most max_claimed minus that many.
+//    other is in progress. It takes at most max_claimed minus that many, and
+//    lets the lock go at once when that is none.
+//  - extend, the one other call that keeps a keyed claim alive, takes the
+//    key lock too (waiting for it) and reads the clock after it: it never
+//    revives a claim that a claim in progress counted as ended.
 //  - The count comes from the table, whose claims are durable
 //    (durable_commit.hpp): after a crash, a claim whose lease holds still
 //    counts until its lease ends.
 // Two keys whose hashes collide share a lock: one claim leaves the other's
 // events for a moment, never takes more. A claim takes events of at most
-// kMaxKeysPerClaim keys (one lock each, from the server's lock table).
+// kMaxKeysPerClaim keys (one lock each, from the server's lock table). A
+// claim never waits: when a change of the policy holds or waits for the
+// policy lock, it leaves every keyed event this time.
 #pragma once
 
 #include "pg/pg_headers.hpp"
@@ -36,14 +42,16 @@ struct ConcurrencyKeys {
     Datum queue;  // text
     TimestampTz now;
     bool policy_read;
-    int32 max_claimed;
-    int locked;  // key locks taken
+    int32 max_claimed;  // 0 when the policy lock was not to be had
+    int locked;         // key locks taken
     int count;
     int capacity;
     KeyRoom* keys;
 };
 
-// No key met yet, for a claim of `queue` at `now`.
+// The keys of a claim of `queue` at `now`, starting with those its
+// snapshot shows full (max_claimed claims whose lease holds), which the
+// claim's scans leave without looking at their events. Inside SPI_connect.
 ConcurrencyKeys concurrency_keys_start(Datum queue, TimestampTz now);
 
 // Whether the claim may take one more event of `key` (which it then counts

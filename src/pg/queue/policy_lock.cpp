@@ -22,6 +22,12 @@ void lock_queue_policies(LOCKMODE mode) {
     (void)LockAcquire(&tag, mode, false, false);
 }
 
+bool try_lock_queue_policies_shared() {
+    LOCKTAG tag;
+    SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, 0, 0, kPolicyLockClass);
+    return LockAcquire(&tag, ShareLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
+}
+
 namespace {
 
 // () -> trigger: FOR EACH STATEMENT on throttle.group_policy and

@@ -13,4 +13,8 @@ namespace pg_throttle::pg {
 // claim, ExclusiveLock for a change) until the transaction ends.
 void lock_queue_policies(LOCKMODE mode);
 
+// The same, shared, without waiting: false when a change holds it or waits
+// for it (a claim that never waits then leaves what the policies govern).
+bool try_lock_queue_policies_shared();
+
 }  // namespace pg_throttle::pg
