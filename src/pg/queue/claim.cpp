@@ -5,6 +5,8 @@
 //
 // The steps, in one snapshot each and never waiting for a row another
 // transaction holds (SKIP LOCKED):
+//  0. the highest priority of the pending events, and the concurrency keys
+//     that the snapshot shows full, in one statement;
 //  1. claims whose lease expired, oldest lease first;
 //  2. due pending events, one priority at a time from the highest (a skip
 //     scan along event_due_single: within a priority run_at <= now bounds
@@ -12,9 +14,9 @@
 //     priority looked up only while the claim wants more; an event whose
 //     item_key has a claimed run waits for it;
 //  -  of events with a concurrency_key, in steps 1 and 2, only as many as
-//     the key has room for (concurrency_keys.hpp); the scan leaves the keys
-//     that its snapshot shows full, and runs again without the keys this
-//     claim found full or held by another claim while it wants more;
+//     the key has room for (concurrency_keys.hpp); the scans leave the keys
+//     found full, and run again without the keys this claim found full or
+//     held by another claim while it wants more;
 //  3. a queue whose claims a bucket limits keeps as many of them, in this
 //     order, as the bucket gives units (claim_limit.hpp);
 //  4. they are marked claimed (or dead, when their attempts are used up, or
@@ -52,11 +54,14 @@ KeptPlan expired_claims{
     {TEXTOID, TIMESTAMPTZOID, INT4OID, TEXTARRAYOID, INT8ARRAYOID},
     nullptr};
 
-KeptPlan top_priority{
-    "SELECT max(e.priority) FROM throttle.event e"
-    " WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL",
-    1,
-    {TEXTOID},
+// What a claim reads first: the highest priority of the pending ungrouped
+// events, and the keys the snapshot shows full.
+KeptPlan claim_start{
+    "SELECT (SELECT max(e.priority) FROM throttle.event e"
+    "        WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS "
+    "NULL), " PG_THROTTLE_FULL_CONCURRENCY_KEYS,
+    2,
+    {TEXTOID, TIMESTAMPTZOID},
     nullptr};
 
 KeptPlan next_priority{
@@ -158,16 +163,11 @@ void scan_until_full(KeptPlan* scan, Datum* args, int nargs, int want_arg, Candi
     }
 }
 
-// The highest priority of the queue's pending ungrouped events below `below`
-// (or of all when `below` is nullptr); false when there is none.
-bool priority_level(Datum queue, const int32* below, int32* level) {
-    if (below == nullptr) {
-        Datum args[1] = {queue};
-        run_kept_plan(&top_priority, args, nullptr, SPI_OK_SELECT, 1);
-    } else {
-        Datum args[2] = {queue, Int32GetDatum(*below)};
-        run_kept_plan(&next_priority, args, nullptr, SPI_OK_SELECT, 1);
-    }
+// The highest priority of the queue's pending ungrouped events below
+// `below`; false when there is none.
+bool priority_below(Datum queue, int32 below, int32* level) {
+    Datum args[2] = {queue, Int32GetDatum(below)};
+    run_kept_plan(&next_priority, args, nullptr, SPI_OK_SELECT, 1);
     bool is_null = true;
     const Datum value = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null);
     if (is_null) {
@@ -205,23 +205,33 @@ Datum claim(FunctionCallInfo fcinfo) {
         SPI_finish();
         return static_cast<Datum>(0);
     }
+    Datum start_args[2] = {queue, now};
+    run_kept_plan(&claim_start, start_args, nullptr, SPI_OK_SELECT, 1);
+    bool no_level = true;
+    bool is_null = false;
+    int32 level = 0;
+    const Datum top = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &no_level);
+    if (!no_level) {
+        level = DatumGetInt32(top);
+    }
+    ConcurrencyKeys keys =
+        concurrency_keys_start(queue, DatumGetTimestampTz(now),
+                               DatumGetArrayTypeP(SPI_getbinval(
+                                   SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &is_null)));
     Candidates found{};
-    ConcurrencyKeys keys = concurrency_keys_start(queue, DatumGetTimestampTz(now));
 
     Datum expired_args[5] = {queue, now, 0, 0, 0};
     scan_until_full(&expired_claims, expired_args, 5, 2, &found, &keys, max);
     const bool any_expired = found.taken.count > 0;
 
-    int32 level = 0;
-    bool have_level = found.taken.count < max && priority_level(queue, nullptr, &level);
+    bool have_level = found.taken.count < max && !no_level;
     while (have_level) {
         Datum due_args[6] = {queue, Int32GetDatum(level), now, 0, 0, 0};
         scan_until_full(&due_events, due_args, 6, 3, &found, &keys, max);
         if (found.taken.count >= max) {
             break;
         }
-        const int32 below = level;
-        have_level = priority_level(queue, &below, &level);
+        have_level = priority_below(queue, level, &level);
     }
     const uint64 found_count = static_cast<uint64>(found.taken.count);
     ArrayType* ids = bigint_array(found.taken);

@@ -16,20 +16,6 @@ namespace {
 KeptPlan policy_query{
     "SELECT max_claimed FROM throttle.concurrency_policy WHERE queue = $1", 1, {TEXTOID}, nullptr};
 
-// The keys whose claims fill them in the snapshot (event_claimed_concurrency):
-// a first cut that the key lock and the count make exact.
-KeptPlan full_keys{
-    "SELECT coalesce(array_agg(f.concurrency_key), '{}') FROM ("
-    "  SELECT c.concurrency_key FROM throttle.event c"
-    "  WHERE c.queue = $1 AND c.state = 'claimed' AND c.concurrency_key IS NOT NULL"
-    "    AND c.lease_until > $2"
-    "  GROUP BY c.concurrency_key"
-    "  HAVING count(*) >= coalesce((SELECT p.max_claimed FROM throttle.concurrency_policy p"
-    "                               WHERE p.queue = $1), 1)) AS f",
-    2,
-    {TEXTOID, TIMESTAMPTZOID},
-    nullptr};
-
 // Found through event_claimed_concurrency.
 KeptPlan claims_of_key{
     "SELECT count(*) FROM throttle.event c"
@@ -127,17 +113,12 @@ KeyRoom* add(ConcurrencyKeys* keys, const text* key, int32 room) {
 
 }  // namespace
 
-ConcurrencyKeys concurrency_keys_start(Datum queue, TimestampTz now) {
+ConcurrencyKeys concurrency_keys_start(Datum queue, TimestampTz now, ArrayType* full) {
     ConcurrencyKeys keys{};
     keys.queue = queue;
     keys.now = now;
     keys.capacity = 8;
     keys.keys = static_cast<KeyRoom*>(palloc(sizeof(KeyRoom) * 8));
-    Datum args[2] = {queue, TimestampTzGetDatum(now)};
-    run_kept_plan(&full_keys, args, nullptr, SPI_OK_SELECT, 1);
-    bool is_null = false;
-    ArrayType* full = DatumGetArrayTypeP(
-        SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
     Datum* elements = nullptr;
     int n = 0;
     deconstruct_array(full, TEXTOID, -1, false, TYPALIGN_INT, &elements, nullptr, &n);

@@ -49,10 +49,22 @@ struct ConcurrencyKeys {
     KeyRoom* keys;
 };
 
-// The keys of a claim of `queue` at `now`, starting with those its
-// snapshot shows full (max_claimed claims whose lease holds), which the
-// claim's scans leave without looking at their events. Inside SPI_connect.
-ConcurrencyKeys concurrency_keys_start(Datum queue, TimestampTz now);
+// An expression (text[]) for the keys of queue $1 that the snapshot shows
+// full at $2: max_claimed claims whose lease holds (found through
+// event_claimed_concurrency). A claim's scans leave them without looking at
+// their events; the key lock and the count make the rest exact.
+#define PG_THROTTLE_FULL_CONCURRENCY_KEYS                                                    \
+    "(SELECT coalesce(array_agg(f.concurrency_key), '{}') FROM ("                            \
+    "  SELECT c.concurrency_key FROM throttle.event c"                                       \
+    "  WHERE c.queue = $1 AND c.state = 'claimed' AND c.concurrency_key IS NOT NULL"         \
+    "    AND c.lease_until > $2"                                                             \
+    "  GROUP BY c.concurrency_key"                                                           \
+    "  HAVING count(*) >= coalesce((SELECT p.max_claimed FROM throttle.concurrency_policy p" \
+    "                               WHERE p.queue = $1), 1)) AS f)"
+
+// The keys of a claim of `queue` at `now`, starting with `full` (the value
+// of PG_THROTTLE_FULL_CONCURRENCY_KEYS), which take no more events.
+ConcurrencyKeys concurrency_keys_start(Datum queue, TimestampTz now, ArrayType* full);
 
 // Whether the claim may take one more event of `key` (which it then counts
 // as taken): the first time it meets `key`, it takes the key lock and counts
