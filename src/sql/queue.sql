@@ -806,7 +806,7 @@ RETURNS void
 AS 'MODULE_PATHNAME', 'pg_throttle_lock_concurrency_key'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION throttle._lock_concurrency_key(text, text) IS
-    'Internal: takes the key lock of a queue''s concurrency_key until the transaction ends, waiting for the claim that holds it (extend, before it renews a keyed claim).';
+    'Internal: takes the key lock of a queue''s concurrency_key, shared, until the transaction ends, waiting for a claim that holds it (extend, before it renews a keyed claim).';
 REVOKE EXECUTE ON FUNCTION throttle._lock_concurrency_key(text, text) FROM PUBLIC;
 
 CREATE FUNCTION throttle.extend(ids bigint[], token bigint, lease interval)
@@ -825,17 +825,16 @@ BEGIN
               DETAIL = 'Added to now on the calendar, it ends at or before now.',
               HINT = 'Give it in days, hours or less rather than months minus days.';
     END IF;
+    -- A keyed claim: its keys' locks first (shared: a claim in progress
+    -- holds one exclusively), then its rows, then the clock, so that no
+    -- claim in progress has counted this one as ended. Keys never change.
+    PERFORM throttle._lock_concurrency_key(k.queue, k.concurrency_key)
+    FROM (SELECT DISTINCT e.queue, e.concurrency_key FROM throttle.event e
+          WHERE e.id = ANY (ids) AND e.claim_token = token AND e.concurrency_key IS NOT NULL
+            AND upper(e.state) = 'CLAIMED' AND throttle._acts_as(e.claimed_role)
+          ORDER BY e.queue, e.concurrency_key) AS k;
     PERFORM throttle._lock_claim(ids, token);
-    -- A keyed claim: its keys' locks, as claims take them, and the clock read
-    -- after them, so that no claim in progress has counted this one as ended.
-    IF EXISTS (SELECT 1 FROM throttle.event e WHERE e.id = ANY (ids) AND e.claim_token = token
-                                               AND e.concurrency_key IS NOT NULL) THEN
-        PERFORM throttle._lock_concurrency_key(k.queue, k.concurrency_key)
-        FROM (SELECT DISTINCT e.queue, e.concurrency_key FROM throttle.event e
-              WHERE e.id = ANY (ids) AND e.claim_token = token AND e.concurrency_key IS NOT NULL
-              ORDER BY e.queue, e.concurrency_key) AS k;
-        now := throttle.now();
-    END IF;
+    now := throttle.now();
     -- A claim whose lease has ended is not revived: another worker may be
     -- claiming its events at this moment.
     UPDATE throttle.event e SET lease_until = now + lease

@@ -268,8 +268,61 @@ def extend_and_policy_waits(tap):
            "while a change of the policy waits, a claim takes only events without a key, at once",
            f"got={got} meanwhile={meanwhile} waited={waited:.2f}s")
     tap.is_(sorted(claim(oc, "c", queue=ISOLATION)[0]), ["z1"], "then the keyed ones again")
+    # A claim extending C in the transaction that claimed another event of
+    # C's key, while C's own worker extends it too: no deadlock.
+    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (ISOLATION,))
+    schedule(cur, [("v1", "v"), ("v2", "v")], queue=ISOLATION)
+    v1, tv1 = claim(cur, "w", max_=1, queue=ISOLATION)
+    both = connect(autocommit=False)
+    bc = both.cursor()
+    bc.execute("SET deadlock_timeout = '100ms'")
+    v2, _ = claim(bc, "b", max_=1, queue=ISOLATION)
+    results, errors = [], []
+
+    def heartbeat():
+        try:
+            hb = connect()
+            results.append(rows(hb.cursor(), "SELECT throttle.extend(%s::bigint[], %s, '1 hour')",
+                                (list(v1.values()), tv1))[0][0])
+            hb.close()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(str(e))
+    beat = threading.Thread(target=heartbeat)
+    beat.start()
+    time.sleep(0.3)
+    try:
+        in_claim = rows(bc, "SELECT throttle.extend(%s::bigint[], %s, '1 hour')",
+                        (list(v1.values()), tv1))[0][0]
+        both.commit()
+    except Exception as e:  # noqa: BLE001 - reported below
+        in_claim = None
+        errors.append(str(e))
+        both.rollback()
+    beat.join()
+    tap.ok(errors == [] and in_claim == 1 and results == [1] and sorted(v2) == ["v2"],
+           "extend of a claim in a transaction that claimed its key, beside the claim's own"
+           " extend: both renew, no deadlock", f"errors={errors} in_claim={in_claim} beat={results}")
+
+    # A claim that holds 16 keys leaves the rest, and locks no row of them
+    # past its first pass: another claim meanwhile gets the next keys.
+    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (ISOLATION,))
+    cur.execute("SELECT throttle.schedule_many(%s, array_agg('m' || n ORDER BY n),"
+                " array_agg(now() - interval '1 hour' + n * interval '1 ms' ORDER BY n), NULL, NULL,"
+                " concurrency_keys => array_agg('key' || n ORDER BY n))"
+                " FROM generate_series(1, 4000) n", (ISOLATION,))
+    first = connect(autocommit=False)
+    began = time.monotonic()
+    got_first, _ = claim(first.cursor(), "f", max_=100, queue=ISOLATION)
+    took = time.monotonic() - began
+    got_next, _ = claim(oc, "g", max_=100, queue=ISOLATION)
+    first.rollback()
+    tap.ok(len(got_first) == 16 and len(got_next) == 16 and not set(got_first) & set(got_next)
+           and took < 5.0,
+           "a claim of 100 over 4 000 keys takes 16 keys' events, in well under 5 s, and an open one"
+           " leaves the others to the next claim",
+           f"first={len(got_first)} next={len(got_next)} took={took:.2f}s")
     cur.execute("DELETE FROM throttle.concurrency_policy WHERE queue = %s", (ISOLATION,))
-    for c in (holder, other, open_claim, changer, conn):
+    for c in (holder, other, open_claim, changer, both, first, conn):
         c.close()
 
 
@@ -362,7 +415,7 @@ def race(tap):
 
 
 def main():
-    tap = Tap(34)
+    tap = Tap(36)
     rules(tap)
     isolation(tap)
     extend_and_policy_waits(tap)

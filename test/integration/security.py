@@ -159,6 +159,22 @@ def queue_groups(tap):
             "a claim of a key open in another database does not hold back the same key here")
     alice_b.rollback()
     alice_b.close()
+    # extend with another role's token (tokens are sequential, so guessable)
+    # takes no key lock: it holds back neither the claimer's extend nor claims.
+    admin = superuser_in(DB_A)
+    one(admin, "INSERT INTO throttle.concurrency_policy VALUES ('sec.k2', 2) RETURNING 1")
+    one(bob, "SELECT throttle.schedule('sec.k2', 'x-' || n, now(), concurrency_key => 'k')"
+             " FROM generate_series(1, 2) n")
+    event, token = one(bob, "SELECT id, claim_token FROM throttle.claim('sec.k2', 'bob', '1 minute', 1)")
+    alice.autocommit = False
+    forged = one(alice, "SELECT throttle.extend(%s, %s, '1 second')", ([event], token))[0]
+    one(bob, "SET statement_timeout = '3s'; SELECT 1")
+    renewed = one(bob, "SELECT throttle.extend(%s, %s, '1 minute')", ([event], token))[0]
+    claimed = one(bob, "SELECT count(*) FROM throttle.claim('sec.k2', 'bob', '1 minute', 1)")[0]
+    alice.rollback()
+    tap.is_((forged, renewed, claimed), (0, 1, 1),
+            "another role's extend with a guessed token changes nothing, takes no key lock:"
+            " the claimer extends and claims the key's next event meanwhile")
     alice.close()
     bob.close()
 
@@ -371,7 +387,7 @@ def privileges(tap):
 
 
 def main():
-    tap = Tap(51)
+    tap = Tap(52)
     admin = connect()
     setup(admin)
     admin_a = superuser_in(DB_A)

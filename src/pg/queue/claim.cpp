@@ -42,16 +42,27 @@
 namespace pg_throttle::pg {
 namespace {
 
-// $4: the keys this claim takes no more of, $5: the claims it has seen
-// already (it holds their row locks, which SKIP LOCKED does not skip).
+// Which keyed rows a scan returns (PG_THROTTLE_KEYED_ROWS): none of the keys
+// in $full (a hashed list), or, when $open is not NULL (the claim takes no
+// key it has not met yet), only the keys in $open. Scans go on from the
+// last row the claim's previous pass returned ($after, $after_id), so a
+// pass never reads again what the claim has locked or left.
+#define KEYED_ROWS(full, open)                                      \
+    "   AND (e.concurrency_key IS NULL"                             \
+    "        OR (" open                                             \
+    "::text[] IS NULL"                                              \
+    "            AND e.concurrency_key NOT IN (SELECT unnest(" full \
+    "::text[])))"                                                   \
+    "        OR e.concurrency_key = ANY (" open "))"
+
 KeptPlan expired_claims{
-    "SELECT e.id, e.concurrency_key FROM throttle.event e"
+    "SELECT e.id, e.concurrency_key, e.lease_until FROM throttle.event e"
     " WHERE e.queue = $1 AND e.state = 'claimed' AND e.lease_until <= $2 AND e.group_key IS NULL"
-    "   AND (e.concurrency_key IS NULL OR NOT e.concurrency_key = ANY ($4))"
-    "   AND NOT e.id = ANY ($5)"
+    KEYED_ROWS("$4", "$5")
+    "   AND (e.lease_until, e.id) > ($6, $7)"
     " ORDER BY e.lease_until, e.id LIMIT $3 FOR UPDATE SKIP LOCKED",
-    5,
-    {TEXTOID, TIMESTAMPTZOID, INT4OID, TEXTARRAYOID, INT8ARRAYOID},
+    7,
+    {TEXTOID, TIMESTAMPTZOID, INT4OID, TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID, INT8OID},
     nullptr};
 
 // What a claim reads first: the highest priority of the pending ungrouped
@@ -71,20 +82,19 @@ KeptPlan next_priority{
     {TEXTOID, INT4OID},
     nullptr};
 
-// $5: the keys this claim takes no more of, $6: the events it has seen
-// already.
 KeptPlan due_events{
-    "SELECT e.id, e.concurrency_key FROM throttle.event e"
+    "SELECT e.id, e.concurrency_key, e.run_at FROM throttle.event e"
     " WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL"
     "   AND e.priority = $2 AND e.run_at <= $3"
     "   AND NOT EXISTS (SELECT 1 FROM throttle.event c"  // event_claimed_key
     "                   WHERE c.queue = e.queue AND c.item_key = e.item_key"
     "                     AND c.state = 'claimed')"
-    "   AND (e.concurrency_key IS NULL OR NOT e.concurrency_key = ANY ($5))"
-    "   AND NOT e.id = ANY ($6)"
+    KEYED_ROWS("$5", "$6")
+    "   AND (e.run_at, e.id) > ($7, $8)"
     " ORDER BY e.run_at, e.id LIMIT $4 FOR UPDATE OF e SKIP LOCKED",
-    6,
-    {TEXTOID, INT4OID, TIMESTAMPTZOID, INT4OID, TEXTARRAYOID, INT8ARRAYOID},
+    8,
+    {TEXTOID, INT4OID, TIMESTAMPTZOID, INT4OID, TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID,
+     INT8OID},
     nullptr};
 
 // A growing list of bigint Datums in the claim's memory context.
@@ -110,31 +120,33 @@ ArrayType* bigint_array(const Ids& ids) {
                            FLOAT8PASSBYVAL, TYPALIGN_DOUBLE);
 }
 
-// The events a claim takes, in its order, and those its scans returned.
-struct Candidates {
-    Ids taken;  // at most max
-    Ids seen;
+// Where a scan's arguments are, and where it goes on from.
+struct Scan {
+    KeptPlan* plan;
+    Datum* args;
+    int limit_arg;  // how many rows at most
+    int full_arg;   // then open, after, after_id
+    Datum after;    // the last row's order column (lease_until, run_at)
+    Datum after_id;
 };
 
-// Takes, of the rows in SPI_tuptable (id, concurrency_key), those that
-// `keys` admit, while fewer than `max` are taken; every row's id is seen.
-// Returns whether it left one for its key.
-bool take_rows(Candidates* found, ConcurrencyKeys* keys, int max) {
+// Takes, of the rows in SPI_tuptable (id, concurrency_key, order column),
+// those that `keys` admit, while fewer than `max` are taken, and moves the
+// scan past them. Returns whether it left one for its key.
+bool take_rows(Scan* scan, Ids* taken, ConcurrencyKeys* keys, int max) {
     // Kept: admitting a key runs statements that replace SPI_tuptable.
     const uint64 n = SPI_processed;
     SPITupleTable* rows = SPI_tuptable;
     bool left_one = false;
-    for (uint64 i = 0; i < n; ++i) {
-        bool id_null = false;
+    for (uint64 i = 0; i < n && taken->count < max; ++i) {
+        bool is_null = false;
         bool key_null = false;
-        const Datum id = SPI_getbinval(rows->vals[i], rows->tupdesc, 1, &id_null);
+        const Datum id = SPI_getbinval(rows->vals[i], rows->tupdesc, 1, &is_null);
         const Datum key = SPI_getbinval(rows->vals[i], rows->tupdesc, 2, &key_null);
-        append(&found->seen, id);
-        if (found->taken.count >= max) {
-            continue;
-        }
+        scan->after = SPI_getbinval(rows->vals[i], rows->tupdesc, 3, &is_null);
+        scan->after_id = id;
         if (key_null || concurrency_key_admit(keys, DatumGetTextPP(key))) {
-            append(&found->taken, id);
+            append(taken, id);
         } else {
             left_one = true;
         }
@@ -142,22 +154,29 @@ bool take_rows(Candidates* found, ConcurrencyKeys* keys, int max) {
     return left_one;
 }
 
-// Runs `scan` (expired_claims or due_events, whose argument `want_arg` is
-// how many rows at most and whose last two are the keys the claim takes no
-// more of and the ids it has seen) until the claim has `max` events or the
-// scan has none left for it: a scan that returned all it was asked for and
-// left some for their key runs again without the keys now full.
-void scan_until_full(KeptPlan* scan, Datum* args, int nargs, int want_arg, Candidates* found,
-                     ConcurrencyKeys* keys, int max) {
+// Runs `scan` until the claim has `max` events or the scan has none left
+// for it: a pass that returned all it was asked for and left some for their
+// key runs again, from where it stopped, without the keys now full.
+void scan_until_full(Scan* scan, Ids* taken, ConcurrencyKeys* keys, int max) {
+    scan->after = TimestampTzGetDatum(DT_NOBEGIN);
+    scan->after_id = Int64GetDatum(0);
+    char nulls[kMaxPlanArgs];
     for (;;) {
-        const int32 wanted = max - found->taken.count;
-        args[want_arg] = Int32GetDatum(wanted);
-        args[nargs - 2] = PointerGetDatum(concurrency_keys_full(*keys));
-        args[nargs - 1] = PointerGetDatum(bigint_array(found->seen));
-        run_kept_plan(scan, args, nullptr, SPI_OK_SELECT);
+        const int32 wanted = max - taken->count;
+        std::memset(nulls, ' ', sizeof(nulls));
+        scan->args[scan->limit_arg] = Int32GetDatum(wanted);
+        scan->args[scan->full_arg] = PointerGetDatum(concurrency_keys_full(*keys));
+        ArrayType* open = concurrency_keys_open(*keys);
+        scan->args[scan->full_arg + 1] = PointerGetDatum(open);
+        if (open == nullptr) {
+            nulls[scan->full_arg + 1] = 'n';
+        }
+        scan->args[scan->full_arg + 2] = scan->after;
+        scan->args[scan->full_arg + 3] = scan->after_id;
+        run_kept_plan(scan->plan, scan->args, nulls, SPI_OK_SELECT);
         const bool may_have_more = SPI_processed == static_cast<uint64>(wanted);
-        const bool left_one = take_rows(found, keys, max);
-        if (found->taken.count >= max || !left_one || !may_have_more) {
+        const bool left_one = take_rows(scan, taken, keys, max);
+        if (taken->count >= max || !left_one || !may_have_more) {
             return;
         }
     }
@@ -218,23 +237,25 @@ Datum claim(FunctionCallInfo fcinfo) {
         concurrency_keys_start(queue, DatumGetTimestampTz(now),
                                DatumGetArrayTypeP(SPI_getbinval(
                                    SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &is_null)));
-    Candidates found{};
+    Ids taken{};
 
-    Datum expired_args[5] = {queue, now, 0, 0, 0};
-    scan_until_full(&expired_claims, expired_args, 5, 2, &found, &keys, max);
-    const bool any_expired = found.taken.count > 0;
+    Datum expired_args[7] = {queue, now, 0, 0, 0, 0, 0};
+    Scan expired{&expired_claims, expired_args, 2, 3, 0, 0};
+    scan_until_full(&expired, &taken, &keys, max);
+    const bool any_expired = taken.count > 0;
 
-    bool have_level = found.taken.count < max && !no_level;
+    bool have_level = taken.count < max && !no_level;
     while (have_level) {
-        Datum due_args[6] = {queue, Int32GetDatum(level), now, 0, 0, 0};
-        scan_until_full(&due_events, due_args, 6, 3, &found, &keys, max);
-        if (found.taken.count >= max) {
+        Datum due_args[8] = {queue, Int32GetDatum(level), now, 0, 0, 0, 0, 0};
+        Scan due{&due_events, due_args, 3, 4, 0, 0};
+        scan_until_full(&due, &taken, &keys, max);
+        if (taken.count >= max) {
             break;
         }
         have_level = priority_below(queue, level, &level);
     }
-    const uint64 found_count = static_cast<uint64>(found.taken.count);
-    ArrayType* ids = bigint_array(found.taken);
+    const uint64 found_count = static_cast<uint64>(taken.count);
+    ArrayType* ids = bigint_array(taken);
 
     const int64 allowed = found_count == 0 ? 0
                                            : claim_limit_take(limit, DatumGetTimestampTz(now),

@@ -150,6 +150,23 @@ bool concurrency_key_admit(ConcurrencyKeys* keys, const text* key) {
     return true;
 }
 
+ArrayType* concurrency_keys_open(const ConcurrencyKeys& keys) {
+    const bool closed =
+        keys.locked >= kMaxKeysPerClaim || (keys.policy_read && keys.max_claimed == 0);
+    if (!closed) {
+        return nullptr;
+    }
+    auto* elements =
+        static_cast<Datum*>(palloc(sizeof(Datum) * (keys.count == 0 ? 1 : keys.count)));
+    int n = 0;
+    for (int i = 0; i < keys.count; ++i) {
+        if (keys.keys[i].room > 0) {
+            elements[n++] = PointerGetDatum(keys.keys[i].key);
+        }
+    }
+    return construct_array(elements, n, TEXTOID, -1, false, TYPALIGN_INT);
+}
+
 ArrayType* concurrency_keys_full(const ConcurrencyKeys& keys) {
     auto* elements =
         static_cast<Datum*>(palloc(sizeof(Datum) * (keys.count == 0 ? 1 : keys.count)));
@@ -164,13 +181,14 @@ ArrayType* concurrency_keys_full(const ConcurrencyKeys& keys) {
 
 namespace {
 
-// (queue text, concurrency_key text) -> void: extend's key lock, waited for.
+// (queue text, concurrency_key text) -> void: extend's key lock, shared
+// (extends of one key never wait for each other), waited for.
 Datum lock_concurrency_key(FunctionCallInfo fcinfo) {
     if (PG_ARGISNULL(0) || PG_ARGISNULL(1)) {
         PG_RETURN_VOID();
     }
     LOCKTAG tag = key_lock_tag(PG_GETARG_DATUM(0), PG_GETARG_TEXT_PP(1));
-    (void)LockAcquire(&tag, ExclusiveLock, false, false);
+    (void)LockAcquire(&tag, ShareLock, false, false);
     PG_RETURN_VOID();
 }
 

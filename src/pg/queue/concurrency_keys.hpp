@@ -14,8 +14,10 @@
 //    other is in progress. It takes at most max_claimed minus that many, and
 //    lets the lock go at once when that is none.
 //  - extend, the one other call that keeps a keyed claim alive, takes the
-//    key lock too (waiting for it) and reads the clock after it: it never
-//    revives a claim that a claim in progress counted as ended.
+//    key lock too, shared (waiting for a claim in progress, not for other
+//    extends), before it locks the claim's rows, and reads the clock after
+//    both: it never revives a claim that a claim in progress counted as
+//    ended. (This assumes the server's clock does not step back.)
 //  - The count comes from the table, whose claims are durable
 //    (durable_commit.hpp): after a crash, a claim whose lease holds still
 //    counts until its lease ends.
@@ -73,5 +75,10 @@ bool concurrency_key_admit(ConcurrencyKeys* keys, const text* key);
 
 // The keys of which the claim takes no more events, as a text[].
 ArrayType* concurrency_keys_full(const ConcurrencyKeys& keys);
+
+// nullptr while the claim may still meet new keys; once it may not (it holds
+// kMaxKeysPerClaim key locks, or a change of the policy holds the policy
+// lock), the keys it may still take events of, as a text[] (maybe empty).
+ArrayType* concurrency_keys_open(const ConcurrencyKeys& keys);
 
 }  // namespace pg_throttle::pg
