@@ -17,7 +17,7 @@ snapshot, a change of the policy waits for a claim in progress, a claim
 that finds every key full takes no transaction id and holds no key lock, an
 extend committed after its old lease does not let a claim of its key in
 meanwhile, and a claim while a change of the policy waits leaves the keyed
-events without waiting.
+events without waiting. complete and fail NOTIFY the key's next due event.
 
 Then a race on the real clock: 10 workers drain a queue of 6 keys whose
 keys take 2 claims, claiming 1 to 4 events at a time. Each worker logs, for
@@ -326,6 +326,34 @@ def extend_and_policy_waits(tap):
         c.close()
 
 
+def notifications(tap):
+    """complete and fail of a keyed event NOTIFY the key's oldest due event."""
+    queue = "it.conckey.notify"
+    conn = connect()
+    cur = conn.cursor()
+    listener = connect()
+    listener.cursor().execute(f'LISTEN "{queue}"')
+    schedule(cur, [("n1", "nk"), ("n2", "nk"), ("n3", "nk")], queue=queue)
+    ids = dict(rows(cur, "SELECT item_key, id FROM throttle.event WHERE queue = %s", (queue,)))
+
+    def heard():
+        time.sleep(0.2)
+        listener.poll()
+        got = [int(n.payload) for n in listener.notifies]
+        listener.notifies.clear()
+        return got
+    heard()  # schedule's own
+    n1, t1 = claim(cur, "w", max_=3, queue=queue)
+    complete(cur, n1.values(), t1)
+    tap.is_(heard(), [ids["n2"]], "complete of a keyed event notifies the key's oldest due event")
+    n2, t2 = claim(cur, "w", max_=3, queue=queue)
+    cur.execute("SELECT throttle.fail(%s::bigint[], %s, 'boom', '1 hour')", (list(n2.values()), t2))
+    tap.is_(heard(), [ids["n3"]], "and so does fail (its event waits an hour)")
+    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (queue,))
+    listener.close()
+    conn.close()
+
+
 def drained(cur):
     return rows(cur, "SELECT count(*) FROM throttle.event WHERE queue = %s"
                      " AND state IN ('pending', 'claimed')", (RACE_QUEUE,))[0][0] == 0
@@ -415,10 +443,11 @@ def race(tap):
 
 
 def main():
-    tap = Tap(36)
+    tap = Tap(38)
     rules(tap)
     isolation(tap)
     extend_and_policy_waits(tap)
+    notifications(tap)
     race(tap)
     return tap.done()
 
