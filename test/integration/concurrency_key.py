@@ -33,7 +33,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pgconn import connect, sql_error  # noqa: E402
+from pgconn import connect, most_at_once, rows, sql_error  # noqa: E402
 from tap import Tap  # noqa: E402
 
 QUEUE = "it.conckey"
@@ -44,11 +44,6 @@ KEYS = 6
 PER_KEY = 60
 UNKEYED = 60
 LIMIT = 2
-
-
-def rows(cur, sql, params=None):
-    cur.execute(sql, params)
-    return cur.fetchall()
 
 
 def claim(cur, worker, max_=10, queue=QUEUE, lease="1 minute"):
@@ -382,17 +377,6 @@ def race_worker(index, log, errors, stop_at):
         errors.append(f"w{index}: {e}")
     finally:
         conn.close()
-
-
-def most_at_once(spans):
-    """The most spans (start, end) that share an instant."""
-    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans],
-                   key=lambda edge: (edge[0], edge[1]))
-    now = best = 0
-    for _, step in edges:
-        now += step
-        best = max(best, now)
-    return best
 
 
 def race(tap):

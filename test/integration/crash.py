@@ -96,25 +96,19 @@ def concurrency_setup(conn):
 
 
 def check_concurrency(tap, conn, holders, after):
-    def claims():
-        return one(conn, "SELECT count(*) FROM throttle.claim_group('cn', 'nx', '10 minutes', 1)")[0]
-    tap.is_([claims(), claims()], [0, 0],
-            f"after {after}, a group that takes 2 workers and has 2 claims holding admits none (two calls)")
-    tap.is_(one(conn, "SELECT throttle.complete(%s, %s)", holders["groups"][0])[0], 1,
-            f"after {after}, one of its holders completes")
-    tap.is_([claims(), claims()], [1, 0], f"after {after}, then exactly one more claim gets the group")
-    execute(conn, "DELETE FROM throttle.group_policy WHERE queue = 'cn'")
-    execute(conn, "DELETE FROM throttle.event WHERE queue = 'cn'")
-
-    def keyed():
-        return one(conn, "SELECT count(*) FROM throttle.claim('ck', 'kx', '10 minutes', 4)")[0]
-    tap.is_([keyed(), keyed()], [0, 0],
-            f"after {after}, a concurrency key that takes 2 claims and has 2 holding admits none (two calls)")
-    tap.is_(one(conn, "SELECT throttle.complete(%s, %s)", holders["keys"][0])[0], 1,
-            f"after {after}, one of the key's claims completes")
-    tap.is_([keyed(), keyed()], [1, 0], f"after {after}, then exactly one more event of the key is claimed")
-    execute(conn, "DELETE FROM throttle.concurrency_policy WHERE queue = 'ck'")
-    execute(conn, "DELETE FROM throttle.event WHERE queue = 'ck'")
+    for kind, claim, policy, queue, holder, what in [
+            ("groups", "throttle.claim_group('cn', 'nx', '10 minutes', 1)", "group_policy", "cn",
+             "a group that takes 2 workers and has 2 claims holding", "claim gets the group"),
+            ("keys", "throttle.claim('ck', 'kx', '10 minutes', 4)", "concurrency_policy", "ck",
+             "a concurrency key that takes 2 claims and has 2 holding", "event of the key is claimed")]:
+        def claims(claim=claim):
+            return one(conn, f"SELECT count(*) FROM {claim}")[0]
+        tap.is_([claims(), claims()], [0, 0], f"after {after}, {holder} admits none (two calls)")
+        tap.is_(one(conn, "SELECT throttle.complete(%s, %s)", holders[kind][0])[0], 1,
+                f"after {after}, one of its holders completes")
+        tap.is_([claims(), claims()], [1, 0], f"after {after}, then exactly one more {what}")
+        execute(conn, f"DELETE FROM throttle.{policy} WHERE queue = %s", (queue,))
+        execute(conn, "DELETE FROM throttle.event WHERE queue = %s", (queue,))
 
 
 def unsynced_setup(conn):

@@ -33,7 +33,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pgconn import connect, sql_error  # noqa: E402
+from pgconn import connect, most_at_once, rows, sql_error  # noqa: E402
 from tap import Tap  # noqa: E402
 
 QUEUE = "it.groupconc"
@@ -42,11 +42,6 @@ WORKERS = 10
 GROUPS = 60
 PER_GROUP = 15
 LIMIT = 3
-
-
-def rows(cur, sql, params=None):
-    cur.execute(sql, params)
-    return cur.fetchall()
 
 
 def claim(cur, worker, lease="1 minute", max_=1, queue=QUEUE):
@@ -376,17 +371,6 @@ def race_worker(index, log, errors, stop_at):
         errors.append(f"w{index}: {e}")
     finally:
         conn.close()
-
-
-def most_at_once(spans):
-    """The most spans (start, end) that share an instant."""
-    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans],
-                   key=lambda edge: (edge[0], edge[1]))
-    now = best = 0
-    for _, step in edges:
-        now += step
-        best = max(best, now)
-    return best
 
 
 def race(tap):

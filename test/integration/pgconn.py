@@ -47,3 +47,21 @@ def one(conn, sql, params=None):
     with conn.cursor() as cur:
         cur.execute(sql, params)
         return cur.fetchone()
+
+
+def rows(cur, sql, params=None):
+    """Runs `sql` on a cursor; returns all its rows."""
+    cur.execute(sql, params)
+    return cur.fetchall()
+
+
+def most_at_once(spans):
+    """The most spans (start, end) that share an instant: from a race's log,
+    how many held something at once."""
+    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans],
+                   key=lambda edge: (edge[0], edge[1]))
+    now = best = 0
+    for _, step in edges:
+        now += step
+        best = max(best, now)
+    return best

@@ -114,12 +114,6 @@ void append(Ids* ids, Datum id) {
     ids->values[ids->count++] = id;
 }
 
-ArrayType* bigint_array(const Ids& ids) {
-    Datum none = 0;
-    return construct_array(ids.count == 0 ? &none : ids.values, ids.count, INT8OID, sizeof(int64),
-                           FLOAT8PASSBYVAL, TYPALIGN_DOUBLE);
-}
-
 // Where a scan's arguments are, and where it goes on from.
 struct Scan {
     KeptPlan* plan;
@@ -255,7 +249,7 @@ Datum claim(FunctionCallInfo fcinfo) {
         have_level = priority_below(queue, level, &level);
     }
     const uint64 found_count = static_cast<uint64>(taken.count);
-    ArrayType* ids = bigint_array(taken);
+    ArrayType* ids = ids_array(taken.values, taken.count);
 
     const int64 allowed = found_count == 0 ? 0
                                            : claim_limit_take(limit, DatumGetTimestampTz(now),

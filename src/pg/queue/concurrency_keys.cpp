@@ -111,6 +111,19 @@ KeyRoom* add(ConcurrencyKeys* keys, const text* key, int32 room) {
     return entry;
 }
 
+// The keys met so far that have room left (with_room) or none, as a text[].
+ArrayType* keys_array(const ConcurrencyKeys& keys, bool with_room) {
+    auto* elements =
+        static_cast<Datum*>(palloc(sizeof(Datum) * (keys.count == 0 ? 1 : keys.count)));
+    int n = 0;
+    for (int i = 0; i < keys.count; ++i) {
+        if ((keys.keys[i].room > 0) == with_room) {
+            elements[n++] = PointerGetDatum(keys.keys[i].key);
+        }
+    }
+    return construct_array(elements, n, TEXTOID, -1, false, TYPALIGN_INT);
+}
+
 }  // namespace
 
 ConcurrencyKeys concurrency_keys_start(Datum queue, TimestampTz now, ArrayType* full) {
@@ -153,30 +166,11 @@ bool concurrency_key_admit(ConcurrencyKeys* keys, const text* key) {
 ArrayType* concurrency_keys_open(const ConcurrencyKeys& keys) {
     const bool closed =
         keys.locked >= kMaxKeysPerClaim || (keys.policy_read && keys.max_claimed == 0);
-    if (!closed) {
-        return nullptr;
-    }
-    auto* elements =
-        static_cast<Datum*>(palloc(sizeof(Datum) * (keys.count == 0 ? 1 : keys.count)));
-    int n = 0;
-    for (int i = 0; i < keys.count; ++i) {
-        if (keys.keys[i].room > 0) {
-            elements[n++] = PointerGetDatum(keys.keys[i].key);
-        }
-    }
-    return construct_array(elements, n, TEXTOID, -1, false, TYPALIGN_INT);
+    return closed ? keys_array(keys, true) : nullptr;
 }
 
 ArrayType* concurrency_keys_full(const ConcurrencyKeys& keys) {
-    auto* elements =
-        static_cast<Datum*>(palloc(sizeof(Datum) * (keys.count == 0 ? 1 : keys.count)));
-    int n = 0;
-    for (int i = 0; i < keys.count; ++i) {
-        if (keys.keys[i].room == 0) {
-            elements[n++] = PointerGetDatum(keys.keys[i].key);
-        }
-    }
-    return construct_array(elements, n, TEXTOID, -1, false, TYPALIGN_INT);
+    return keys_array(keys, false);
 }
 
 namespace {

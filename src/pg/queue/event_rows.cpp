@@ -6,14 +6,10 @@ extern "C" {
 }
 
 namespace pg_throttle::pg {
-namespace {
-
-// `n` bigint Datums as a bigint[].
-ArrayType* ids_array(Datum* ids, int n) {
-    return construct_array(ids, n, INT8OID, sizeof(int64), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE);
+ArrayType* ids_array(const Datum* ids, int n) {
+    return construct_array(const_cast<Datum*>(ids), n, INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
+                           TYPALIGN_DOUBLE);
 }
-
-}  // namespace
 
 ArrayType* spi_ids(uint64* count) {
     const uint64 n = SPI_processed;
@@ -24,17 +20,6 @@ ArrayType* spi_ids(uint64* count) {
     }
     *count = n;
     return ids_array(ids, static_cast<int>(n));
-}
-
-ArrayType* concat_ids(ArrayType* first, ArrayType* second) {
-    if (first == nullptr) {
-        return second;
-    }
-    if (second == nullptr) {
-        return first;
-    }
-    return DatumGetArrayTypeP(
-        DirectFunctionCall2(array_cat, PointerGetDatum(first), PointerGetDatum(second)));
 }
 
 ArrayType* first_ids(ArrayType* ids, int count) {

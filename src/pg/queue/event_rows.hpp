@@ -9,8 +9,8 @@ namespace pg_throttle::pg {
 // context, and how many there are in `count`.
 ArrayType* spi_ids(uint64* count);
 
-// Concatenation of two bigint[] (either may be nullptr: none).
-ArrayType* concat_ids(ArrayType* first, ArrayType* second);
+// `n` bigint Datums as a bigint[] in the current memory context.
+ArrayType* ids_array(const Datum* ids, int n);
 
 // The first `count` ids of `ids` (0 < count <= its length), in the current
 // memory context.

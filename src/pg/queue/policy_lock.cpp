@@ -16,16 +16,23 @@ extern "C" {
 
 namespace pg_throttle::pg {
 
-void lock_queue_policies(LOCKMODE mode) {
+namespace {
+
+// Until the transaction ends; false when `dont_wait` and it is not free.
+bool acquire_policy_lock(LOCKMODE mode, bool dont_wait) {
     LOCKTAG tag;
     SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, 0, 0, kPolicyLockClass);
-    (void)LockAcquire(&tag, mode, false, false);
+    return LockAcquire(&tag, mode, false, dont_wait) != LOCKACQUIRE_NOT_AVAIL;
+}
+
+}  // namespace
+
+void lock_queue_policies(LOCKMODE mode) {
+    (void)acquire_policy_lock(mode, false);
 }
 
 bool try_lock_queue_policies_shared() {
-    LOCKTAG tag;
-    SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, 0, 0, kPolicyLockClass);
-    return LockAcquire(&tag, ShareLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
+    return acquire_policy_lock(ShareLock, true);
 }
 
 namespace {
