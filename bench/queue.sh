@@ -13,6 +13,7 @@ fill() {  # fill N: N due events, 10 per group, in both queues
     psql -qX -v ON_ERROR_STOP=1 <<SQL
 TRUNCATE recipe_event;
 DELETE FROM throttle.event WHERE queue = 'bench';
+DELETE FROM throttle.event_history WHERE queue = 'bench';
 INSERT INTO recipe_event (group_key, run_at)
 SELECT 'g' || (g % ($1 / 10)), now() - interval '1 hour' + g * interval '1 microsecond'
 FROM generate_series(1, $1) AS g;
@@ -22,11 +23,12 @@ SELECT 'bench', 'e' || g, 'g' || (g % ($1 / 10)), now() - interval '1 hour' + g 
 FROM generate_series(1, $1) AS g;
 VACUUM ANALYZE recipe_event;
 VACUUM ANALYZE throttle.event;
+VACUUM ANALYZE throttle.event_history;
 SQL
 }
 
 done_count() {
-    psql -qXtAc "SELECT (SELECT count(*) FROM recipe_event WHERE state = 'done'), (SELECT count(*) FROM throttle.event WHERE queue = 'bench' AND state = 'done')"
+    psql -qXtAc "SELECT (SELECT count(*) FROM recipe_event WHERE state = 'done'), (SELECT count(*) FROM throttle.event_history WHERE queue = 'bench' AND state = 'done')"
 }
 
 run() {  # run SCRIPT EVENTS: prints "events/s latency_ms events_done"

@@ -10,14 +10,14 @@ SELECT throttle.schedule('mail', 'welcome:ann', '2031-06-01 12:30:00+00', '{"to"
 SELECT throttle.schedule('mail', 'welcome:bob', '2031-06-01 11:00:00+00') AS bob \gset
 SELECT throttle.schedule('mail', 'welcome:cy', '2031-06-01 11:30:00+00', max_attempts => 2) AS cy \gset
 SELECT item_key, run_at, payload, state, attempts, max_attempts, enqueued_at, enqueued_by
-FROM throttle.event WHERE queue = 'mail' ORDER BY id;
+FROM throttle.all_events WHERE queue = 'mail' ORDER BY id;
 
 -- reschedule and cancel act on pending events only.
 SELECT throttle.reschedule('mail', 'welcome:ann', '2031-06-01 12:45:00+00') AS rescheduled;
 SELECT throttle.reschedule('mail', 'nobody', '2031-06-01 12:45:00+00') AS unknown_key;
 SELECT throttle.schedule('mail', 'welcome:dee', '2031-06-02 00:00:00+00') AS dee \gset
 SELECT throttle.cancel('mail', 'welcome:dee') AS cancelled, throttle.cancel('mail', 'welcome:dee') AS again;
-SELECT state, cancelled_at FROM throttle.event WHERE id = :dee;
+SELECT state, cancelled_at FROM throttle.all_events WHERE id = :dee;
 -- A cancelled key can be scheduled anew: a new event.
 SELECT throttle.schedule('mail', 'welcome:dee', '2031-06-02 00:00:00+00') <> :dee AS new_event;
 
@@ -30,26 +30,26 @@ SELECT count(*) AS nothing_more_due FROM throttle.claim('mail', 'worker-2');
 SELECT throttle.complete(ARRAY[:bob]::bigint[], :w1 - 1) AS other_token_completes;
 SELECT throttle.extend(ARRAY[:bob, :cy]::bigint[], :w1, '10 minutes') AS extended;
 SELECT throttle.complete(ARRAY[:bob]::bigint[], :w1) AS completed;
-SELECT state, completed_at, completed_by FROM throttle.event WHERE id = :bob;
+SELECT state, completed_at, completed_by FROM throttle.all_events WHERE id = :bob;
 
 -- fail: keeps the error and retries with a backoff; dead after max_attempts.
 SELECT throttle.fail(ARRAY[:cy]::bigint[], :w1, 'smtp timeout') AS failed;
-SELECT state, attempts, run_at, last_error FROM throttle.event WHERE id = :cy;
+SELECT state, attempts, run_at, last_error FROM throttle.all_events WHERE id = :cy;
 SET pg_throttle.test_clock = '2031-06-01 12:00:09.999999+00';
 SELECT count(*) AS not_due_before_backoff FROM throttle.claim('mail', 'worker-1', max => 5);
 SET pg_throttle.test_clock = '2031-06-01 12:00:10+00';
 SELECT item_key, attempts, claim_token > :w1 AS new_token FROM throttle.claim('mail', 'worker-1', max => 5);
 SELECT claim_token AS w1 FROM throttle.event WHERE id = :cy \gset
 SELECT throttle.fail(ARRAY[:cy]::bigint[], :w1, 'smtp timeout again') AS failed_twice;
-SELECT state, attempts, last_error, completed_at FROM throttle.event WHERE id = :cy;
+SELECT state, attempts, last_error, completed_at FROM throttle.all_events WHERE id = :cy;
 -- retry brings a dead event back.
 SELECT throttle.retry(:cy) AS retried, throttle.retry(:cy) AS retried_again;
-SELECT state, attempts, run_at FROM throttle.event WHERE id = :cy;
+SELECT state, attempts, run_at FROM throttle.all_events WHERE id = :cy;
 -- fail with an explicit retry_in.
 SELECT item_key, claim_token AS w1 FROM throttle.claim('mail', 'worker-1', max => 5) \gset
 SELECT :'item_key' AS item_key;
 SELECT throttle.fail(ARRAY[:cy]::bigint[], :w1, 'later', '1 hour');
-SELECT state, run_at FROM throttle.event WHERE id = :cy;
+SELECT state, run_at FROM throttle.all_events WHERE id = :cy;
 
 -- Lease expiry: another worker takes the event over and fences the first.
 SET pg_throttle.test_clock = '2031-06-01 13:00:00+00';
@@ -108,11 +108,11 @@ SELECT item_key, priority FROM throttle.claim('prio', 'w', max => 10);
 -- on_duplicate: what schedule does to a pending event of the same item_key.
 SELECT throttle.schedule('dup', 'k', '2031-06-01 18:00:00+00', '{"v": 1}') AS dup \gset
 SELECT throttle.schedule('dup', 'k', '2031-06-01 19:00:00+00', '{"v": 2}', on_duplicate => 'keep_earlier') = :dup AS same;
-SELECT run_at, payload FROM throttle.event WHERE id = :dup;
+SELECT run_at, payload FROM throttle.all_events WHERE id = :dup;
 SELECT throttle.schedule('dup', 'k', '2031-06-01 17:00:00+00', '{"v": 3}', on_duplicate => 'ignore') = :dup AS same;
-SELECT run_at, payload FROM throttle.event WHERE id = :dup;
+SELECT run_at, payload FROM throttle.all_events WHERE id = :dup;
 SELECT throttle.schedule('dup', 'k', '2031-06-01 20:00:00+00', '{"v": 4}', priority => 3) = :dup AS same;
-SELECT run_at, payload, priority FROM throttle.event WHERE id = :dup;
+SELECT run_at, payload, priority FROM throttle.all_events WHERE id = :dup;
 SELECT throttle.schedule('dup', 'k', '2031-06-01 20:00:00+00', on_duplicate => 'newest');
 
 -- Operators: release a group whoever holds it; its holder is fenced.
@@ -120,7 +120,7 @@ SELECT throttle.schedule('ops', 'p' || g, '2031-06-01 14:00:00+00', group_key =>
 SELECT count(*) AS claimed, min(claim_token) AS ops_token FROM throttle.claim_group('ops', 'w-stuck', '1 hour') \gset
 SELECT :claimed AS claimed;
 SELECT throttle.release_group('ops', 'cust:9') AS released, throttle.release_group('ops', 'cust:9') AS again;
-SELECT throttle.complete(ARRAY(SELECT id FROM throttle.event WHERE queue = 'ops'), :ops_token) AS fenced_holder;
+SELECT throttle.complete(ARRAY(SELECT id FROM throttle.all_events WHERE queue = 'ops'), :ops_token) AS fenced_holder;
 SELECT item_key, claimed_by, attempts FROM throttle.claim_group('ops', 'w-next', '1 hour');
 
 -- retry many, each with its reason when refused; retry_dead by queue and error.
@@ -131,17 +131,17 @@ UPDATE throttle.event SET last_error = 'bad address' WHERE id = (:'dead_ids'::bi
 SELECT throttle.schedule('ops2', 'd2', '2031-06-02 00:00:00+00') AS d2_again \gset
 SELECT r.id = (:'dead_ids'::bigint[])[1] AS first, r.retried, r.reason
 FROM throttle.retry(ARRAY[(:'dead_ids'::bigint[])[1], (:'dead_ids'::bigint[])[1], (:'dead_ids'::bigint[])[2], -1, NULL]) AS r;
-SELECT item_key, retried, reason FROM throttle.retry_dead('ops2', error_like => 'bad%') r JOIN throttle.event e USING (id);
+SELECT item_key, retried, reason FROM throttle.retry_dead('ops2', error_like => 'bad%') r JOIN throttle.all_events e USING (id);
 SELECT count(*) AS nothing_left FROM throttle.retry_dead('ops2', error_like => 'bad%');
-SELECT state, count(*) FROM throttle.event WHERE queue = 'ops2' GROUP BY state ORDER BY state;
+SELECT state, count(*) FROM throttle.all_events WHERE queue = 'ops2' GROUP BY state ORDER BY state;
 
 -- purge removes finished events only, and only old ones; dead events only
 -- when asked.
 SET pg_throttle.test_clock = '2031-06-03 00:00:00+00';
-SELECT count(*) AS dead_before FROM throttle.event WHERE state = 'dead';
+SELECT count(*) AS dead_before FROM throttle.all_events WHERE state = 'dead';
 SELECT throttle.purge('1 day', queue => 'ops2') AS purged_one_queue;
 SELECT throttle.purge('1 day') AS purged;
-SELECT state, count(*) FROM throttle.event GROUP BY state ORDER BY state;
+SELECT state, count(*) FROM throttle.all_events GROUP BY state ORDER BY state;
 SELECT throttle.purge('1 day', states => '{dead}') AS purged_dead;
 
 -- Bad input.
@@ -190,7 +190,7 @@ SELECT throttle.schedule_many('many', ARRAY['a', 'b', 'a', 'c'],
 SELECT (:'many_ids'::bigint[])[1] = (:'many_ids'::bigint[])[3] AS a_once,
        cardinality(:'many_ids'::bigint[]) AS ids;
 SELECT item_key, group_key, payload, run_at, max_attempts, priority, state, enqueued_by
-FROM throttle.event WHERE queue = 'many' ORDER BY item_key;
+FROM throttle.all_events WHERE queue = 'many' ORDER BY item_key;
 -- keep_earlier: the earliest run_at of the pending event and the batch, the last payload.
 SELECT throttle.schedule_many('many', ARRAY['a', 'b', 'b', 'd'],
        ARRAY['2031-06-01 11:00:00+00', '2031-06-01 17:00:00+00', '2031-06-01 15:00:00+00',
@@ -199,18 +199,18 @@ SELECT throttle.schedule_many('many', ARRAY['a', 'b', 'b', 'd'],
        on_duplicate => 'keep_earlier') AS ids \gset
 SELECT (:'ids'::bigint[])[1:3] = ARRAY[(:'many_ids'::bigint[])[1], (:'many_ids'::bigint[])[2], (:'many_ids'::bigint[])[2]]
            AS same_ids,
-       (:'ids'::bigint[])[4] = (SELECT id FROM throttle.event WHERE queue = 'many' AND item_key = 'd') AS new_id;
-SELECT item_key, payload, run_at FROM throttle.event WHERE queue = 'many' ORDER BY item_key;
+       (:'ids'::bigint[])[4] = (SELECT id FROM throttle.all_events WHERE queue = 'many' AND item_key = 'd') AS new_id;
+SELECT item_key, payload, run_at FROM throttle.all_events WHERE queue = 'many' ORDER BY item_key;
 -- ignore: pending events stay as they are; a new key takes its first mention.
 SELECT cardinality(throttle.schedule_many('many', ARRAY['c', 'e', 'e'],
        ARRAY['2031-06-01 10:00:00+00', '2031-06-01 19:00:00+00', '2031-06-01 09:00:00+00']::timestamptz[],
        ARRAY['{"n": 9}', '{"n": 10}', '{"n": 11}']::jsonb[], on_duplicate => 'ignore')) AS ids;
-SELECT item_key, payload, run_at FROM throttle.event WHERE queue = 'many' ORDER BY item_key;
+SELECT item_key, payload, run_at FROM throttle.all_events WHERE queue = 'many' ORDER BY item_key;
 -- The event of a claimed item_key is left alone: a new run waits behind it.
 SELECT item_key, claimed_by FROM throttle.claim('many', 'w-many', max => 1);
 SELECT throttle.schedule_many('many', ARRAY['c'], ARRAY['2031-06-01 12:00:00+00']::timestamptz[],
                               ARRAY['{"n": 12}']::jsonb[]) <> ARRAY[(:'many_ids'::bigint[])[4]] AS a_new_run;
-SELECT item_key, state, payload FROM throttle.event WHERE queue = 'many' AND item_key = 'c' ORDER BY id;
+SELECT item_key, state, payload FROM throttle.all_events WHERE queue = 'many' AND item_key = 'c' ORDER BY id;
 -- Arguments: one element per item_key, no NULL keys, times or payloads,
 -- keys as schedule takes them; an empty batch schedules nothing.
 SELECT throttle.schedule_many('many', '{}', '{}') AS nothing;
@@ -227,7 +227,7 @@ SELECT throttle.schedule_many('many', ARRAY['x'], ARRAY['2031-06-01 12:00:00+00'
 SELECT throttle.schedule_many('many', ARRAY['x'], ARRAY['2031-06-01 12:00:00+00']::timestamptz[], max_attempts => 0);
 SELECT throttle.schedule_many('', ARRAY['x'], ARRAY['2031-06-01 12:00:00+00']::timestamptz[]);
 SELECT throttle.schedule_many('many', NULL, ARRAY['2031-06-01 12:00:00+00']::timestamptz[]);
-SELECT count(*) AS nothing_scheduled_by_errors FROM throttle.event WHERE queue = 'many' AND item_key IN ('x', 'y', 'z', 'w');
+SELECT count(*) AS nothing_scheduled_by_errors FROM throttle.all_events WHERE queue = 'many' AND item_key IN ('x', 'y', 'z', 'w');
 RESET pg_throttle.test_clock;
 DELETE FROM throttle.event WHERE queue = 'many';
 
@@ -251,9 +251,9 @@ SET pg_throttle.test_clock = '2031-06-01 12:01:00+00';
 SELECT array_agg(item_key ORDER BY item_key) AS g_keys, min(claim_token) AS g_token
 FROM throttle.claim_group('limited', 'w-g') \gset
 SELECT :'g_keys' AS claimed_keys;
-SELECT item_key, state FROM throttle.event WHERE queue = 'limited' AND group_key = 'G' ORDER BY id;
+SELECT item_key, state FROM throttle.all_events WHERE queue = 'limited' AND group_key = 'G' ORDER BY id;
 SELECT count(*) AS group_held FROM throttle.claim_group('limited', 'w-other');
-SELECT throttle.complete(ARRAY(SELECT id FROM throttle.event WHERE queue = 'limited' AND state = 'claimed'
+SELECT throttle.complete(ARRAY(SELECT id FROM throttle.all_events WHERE queue = 'limited' AND state = 'claimed'
                                AND group_key = 'G'), :g_token) AS completed;
 SET pg_throttle.test_clock = '2031-06-01 12:02:00+00';
 SELECT item_key, claimed_by FROM throttle.claim_group('limited', 'w-other');
@@ -323,13 +323,13 @@ SELECT claim_token AS t3 FROM throttle.event WHERE id = :h1 \gset
 SELECT throttle.complete(ARRAY[:h1]::bigint[], :t3) AS completed;
 SELECT attempt, claimed_by, claimed_at, ended_at, outcome, error FROM throttle.attempt_history
 WHERE event_id = :h1 ORDER BY claimed_at, attempt;
-SELECT state, failed_at, completed_at, completed_by FROM throttle.event WHERE id = :h1;
+SELECT state, failed_at, completed_at, completed_by FROM throttle.all_events WHERE id = :h1;
 -- An expired claim whose attempts are used up: dead, its last attempt expired.
 SELECT throttle.schedule('hist', 'h2', '2031-07-01 11:00:00+00', max_attempts => 1) AS h2 \gset
 SELECT count(*) AS claimed FROM throttle.claim('hist', 'w4', '1 minute');
 SET pg_throttle.test_clock = '2031-07-01 12:10:00+00';
 SELECT count(*) AS nothing_to_claim FROM throttle.claim('hist', 'w5', '1 minute');
-SELECT state, failed_at, completed_by, last_error FROM throttle.event WHERE id = :h2;
+SELECT state, failed_at, completed_by, last_error FROM throttle.all_events WHERE id = :h2;
 SELECT attempt, claimed_by, ended_at, outcome FROM throttle.attempt_history WHERE event_id = :h2;
 -- A group released by an operator, then claimed again.
 SELECT throttle.schedule('hist', 'g1', '2031-07-01 11:00:00+00', group_key => 'G') AS g1 \gset
@@ -338,11 +338,11 @@ SELECT throttle.release_group('hist', 'G') AS released;
 SELECT count(*) AS claimed FROM throttle.claim_group('hist', 'wg2', '1 hour');
 SELECT attempt, claimed_by, ended_at, outcome FROM throttle.attempt_history
 WHERE event_id = :g1 ORDER BY claimed_at, attempt;
-SELECT failed_at IS NULL AS a_release_is_no_failure FROM throttle.event WHERE id = :g1;
+SELECT failed_at IS NULL AS a_release_is_no_failure FROM throttle.all_events WHERE id = :g1;
 -- cancel records who cancelled.
 SELECT throttle.schedule('hist', 'c1', '2031-08-01 00:00:00+00') AS c1 \gset
 SELECT throttle.cancel('hist', 'c1') AS cancelled;
-SELECT state, cancelled_at, cancelled_by FROM throttle.event WHERE id = :c1;
+SELECT state, cancelled_at, cancelled_by FROM throttle.all_events WHERE id = :c1;
 -- The attempts go with their event when purge deletes it.
 SET pg_throttle.test_clock = '2031-09-01 00:00:00+00';
 SELECT count(*) FILTER (WHERE event_id IN (:h1, :h2)) AS finished_events_attempts,

@@ -25,6 +25,6 @@ WITH claimed AS (SELECT array_agg(id) AS ids, min(claim_token) AS token
                  FROM throttle.claim('re.queue', 'worker'))
 SELECT cardinality(ids) AS claimed_again, throttle.complete(ids, token) AS completed_again
 FROM claimed;
-SELECT state, count(*) FROM throttle.event GROUP BY state;
+SELECT state, count(*) FROM throttle.all_events GROUP BY state;
 -- The suites after this one number their events from 1.
-TRUNCATE throttle.event, throttle.event_attempt RESTART IDENTITY;
+TRUNCATE throttle.event, throttle.event_history, throttle.event_attempt RESTART IDENTITY;

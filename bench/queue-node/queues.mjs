@@ -121,6 +121,7 @@ for (const name of ["nq1", "nq10", "nqg"]) {
 
 async function vacuum() {
   await q("VACUUM ANALYZE throttle.event");
+  await q("VACUUM ANALYZE throttle.event_history");
   await q("VACUUM ANALYZE nq_job");
   await q("VACUUM ANALYZE nq_event");
 }
@@ -131,6 +132,7 @@ const fill = {
   // grouped: a group_key per group; keyed: a concurrency_key per group instead.
   async throttle(queue, grouped, keyed = false) {
     await q("DELETE FROM throttle.event WHERE queue = $1", [queue]);
+    await q("DELETE FROM throttle.event_history WHERE queue = $1", [queue]);
     await q(
       `SELECT count(throttle.schedule($1, 'e' || g, now() - interval '1 hour', '{}',
                                       group_key => CASE WHEN $3 THEN 'g' || (g % $4) END,
@@ -352,6 +354,7 @@ const enqueue = {
 };
 async function clearEnqueued() {
   await q("DELETE FROM throttle.event WHERE queue = 'nq.enqueue'");
+  await q("DELETE FROM throttle.event_history WHERE queue = 'nq.enqueue'");
   await q("TRUNCATE nq_job");
   await q("DELETE FROM graphile_worker._private_jobs");
   await q("DELETE FROM pgboss.job WHERE name = 'nq1'");

@@ -103,7 +103,7 @@ def rules(tap):
     c7, _ = claim(cur, "w7")
     tap.is_(sorted(c7), ["a2", "b2"],
             "past the leases: the oldest expired claim of each key is taken over, one per key")
-    tap.is_(rows(cur, "SELECT attempts FROM throttle.event WHERE queue = %s AND item_key IN ('a2', 'b2')"
+    tap.is_(rows(cur, "SELECT attempts FROM throttle.all_events WHERE queue = %s AND item_key IN ('a2', 'b2')"
                       " AND state = 'claimed' ORDER BY item_key", (QUEUE,)), [(2,), (2,)],
             "as second attempts")
     tap.is_(claim(cur, "w8")[0], {}, "and nothing more of either key")
@@ -329,7 +329,7 @@ def notifications(tap):
     listener = connect()
     listener.cursor().execute(f'LISTEN "{queue}"')
     schedule(cur, [("n1", "nk"), ("n2", "nk"), ("n3", "nk")], queue=queue)
-    ids = dict(rows(cur, "SELECT item_key, id FROM throttle.event WHERE queue = %s", (queue,)))
+    ids = dict(rows(cur, "SELECT item_key, id FROM throttle.all_events WHERE queue = %s", (queue,)))
 
     def heard():
         time.sleep(0.2)
@@ -350,7 +350,7 @@ def notifications(tap):
 
 
 def drained(cur):
-    return rows(cur, "SELECT count(*) FROM throttle.event WHERE queue = %s"
+    return rows(cur, "SELECT count(*) FROM throttle.all_events WHERE queue = %s"
                      " AND state IN ('pending', 'claimed')", (RACE_QUEUE,))[0][0] == 0
 
 
@@ -418,7 +418,7 @@ def race(tap):
     tap.ok(len(completed) == total and max(completed.values()) == 1,
            "every event was completed exactly once",
            f"{len(completed)} events, most completions of one: {max(completed.values(), default=0)}")
-    left = rows(cur, "SELECT count(*) FROM throttle.event WHERE queue = %s AND state <> 'done'",
+    left = rows(cur, "SELECT count(*) FROM throttle.all_events WHERE queue = %s AND state <> 'done'",
                 (RACE_QUEUE,))[0][0]
     tap.is_(left, 0, "the table agrees: every event is done")
     cur.execute("DELETE FROM throttle.concurrency_policy WHERE queue = %s", (RACE_QUEUE,))

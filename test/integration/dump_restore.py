@@ -19,7 +19,7 @@ from tap import Tap  # noqa: E402
 SOURCE, TARGET = "pgt_dump_source", "pgt_dump_target"
 CLOCK = "2032-03-01 12:00:00+00"
 SNAPSHOTS = {
-    "events": "SELECT md5(string_agg(e::text, '|' ORDER BY id)) FROM throttle.event e",
+    "events": "SELECT md5(string_agg(e::text, '|' ORDER BY id)) FROM throttle.all_events e",
     "attempts": "SELECT md5(string_agg(a::text, '|' ORDER BY id)) FROM throttle.event_attempt a",
     "resources": "SELECT md5(string_agg(r::text, '|' ORDER BY name)) FROM throttle.resource r",
     "buckets": "SELECT md5(string_agg(b::text, '|' ORDER BY name)) FROM throttle.bucket b",
@@ -68,11 +68,11 @@ def main():
     source = connect(dbname=SOURCE)
     source.cursor().execute("CREATE EXTENSION pg_throttle")
     fill(source)
-    states = one(source, "SELECT array_agg(DISTINCT state ORDER BY state) FROM throttle.event")[0]
+    states = one(source, "SELECT array_agg(DISTINCT state ORDER BY state) FROM throttle.all_events")[0]
     tap.is_(states, ["cancelled", "claimed", "dead", "done", "pending"],
             "the source has events in every state")
     before = snapshot(source)
-    max_event, max_attempt = one(source, "SELECT (SELECT max(id) FROM throttle.event), "
+    max_event, max_attempt = one(source, "SELECT (SELECT max(id) FROM throttle.all_events), "
                                           "(SELECT max(id) FROM throttle.event_attempt)")
 
     dump = subprocess.run(["pg_dump", "-d", SOURCE], check=True, capture_output=True, text=True).stdout

@@ -52,7 +52,7 @@ def claim(cur, worker, lease="1 minute", max_=1, queue=QUEUE):
 
 def drained(cur, queue):
     """Whether every event of the queue is finished."""
-    return rows(cur, "SELECT count(*) FROM throttle.event WHERE queue = %s"
+    return rows(cur, "SELECT count(*) FROM throttle.all_events WHERE queue = %s"
                      " AND state IN ('pending', 'claimed')", (queue,))[0][0] == 0
 
 
@@ -158,7 +158,7 @@ def strict_rules(tap):
     tap.is_(complete(cur, a[:1], ta), 1, "the first completes")
     tap.is_(rows(cur, "SELECT throttle.fail(%s::bigint[], %s, 'boom', '10 seconds')",
                  (a[1:2], ta))[0][0], 1, "the second fails")
-    tap.is_(rows(cur, "SELECT array_agg(state || ':' || attempts ORDER BY id) FROM throttle.event"
+    tap.is_(rows(cur, "SELECT array_agg(state || ':' || attempts ORDER BY id) FROM throttle.all_events"
                       " WHERE id = ANY (%s)", (a[2:],))[0][0], ["pending:0"] * 3,
             "the claim's later events went back to pending, their attempt not counted")
     tap.is_(complete(cur, a[2:3], ta), 0, "and its worker can no longer complete them")
@@ -198,7 +198,7 @@ def strict_rules(tap):
         last = rows(cur, "SELECT id, attempts FROM throttle.claim_group(%s, 'x', '1 minute')",
                     (STRICT,))
     tap.ok(last == [(xs[1], 1), (xs[2], 1)]
-           and rows(cur, "SELECT state FROM throttle.event WHERE id = %s", (xs[0],)) == [("dead",)],
+           and rows(cur, "SELECT state FROM throttle.all_events WHERE id = %s", (xs[0],)) == [("dead",)],
            "a strict claim that expires charges its first event only: it dies, the rest go on uncharged",
            f"last claim: {last}, ids {xs}")
     tap.is_(sql_error(conn, "INSERT INTO throttle.group_policy VALUES ('it.y', 2, true)")[0],
@@ -267,14 +267,14 @@ def strict_race(tap):
     # previous claim's last complete has committed (a worker's own log may
     # append after the next worker's).
     order = dict(rows(cur, "SELECT group_key, array_agg(id ORDER BY completed_at)"
-                           " FROM throttle.event WHERE queue = %s AND state = 'done'"
+                           " FROM throttle.all_events WHERE queue = %s AND state = 'done'"
                            " GROUP BY group_key", (STRICT_RACE,)))
     out_of_order = {g: ids for g, ids in order.items() if ids != sorted(ids)}
     once = collections.Counter(event_id for _, event_id in log)
     tap.ok(not out_of_order and len(order) == 20 and max(once.values()) == 1,
            "every group's events completed in the order they were scheduled, each once",
            f"{len(out_of_order)} groups out of order: {list(out_of_order.items())[:1]}")
-    failed = rows(cur, "SELECT count(*) FROM throttle.event_attempt a JOIN throttle.event e"
+    failed = rows(cur, "SELECT count(*) FROM throttle.event_attempt a JOIN throttle.all_events e"
                        " ON e.id = a.event_id WHERE e.queue = %s AND a.outcome = 'failed'",
                   (STRICT_RACE,))[0][0]
     tap.ok(len(log) == 600 and failed > 0,
@@ -407,7 +407,7 @@ def race(tap):
     tap.ok(len(completed) == GROUPS * PER_GROUP and max(completed.values()) == 1,
            "every event was completed exactly once",
            f"{len(completed)} events, most completions of one: {max(completed.values(), default=0)}")
-    left = rows(cur, "SELECT count(*) FROM throttle.event WHERE queue = %s AND state <> 'done'",
+    left = rows(cur, "SELECT count(*) FROM throttle.all_events WHERE queue = %s AND state <> 'done'",
                 (RACE_QUEUE,))[0][0]
     tap.is_(left, 0, "the table agrees: every event is done")
     cur.execute("DELETE FROM throttle.group_policy WHERE queue = %s", (RACE_QUEUE,))

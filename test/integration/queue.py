@@ -34,7 +34,7 @@ def worker(name, claims, errors, stop_at):
                         (QUEUE, name))
             rows = cur.fetchall()
             if not rows:
-                cur.execute("SELECT count(*) FROM throttle.event WHERE queue = %s AND state IN ('pending', 'claimed')",
+                cur.execute("SELECT count(*) FROM throttle.all_events WHERE queue = %s AND state IN ('pending', 'claimed')",
                             (QUEUE,))
                 if cur.fetchone()[0] == 0:
                     return
@@ -77,7 +77,7 @@ def main():
         t.join()
     took = time.monotonic() - t0
     tap.is_(errors, [], "no worker failed")
-    cur.execute("SELECT count(*) FILTER (WHERE state = 'done'), count(*) FROM throttle.event WHERE queue = %s",
+    cur.execute("SELECT count(*) FILTER (WHERE state = 'done'), count(*) FROM throttle.all_events WHERE queue = %s",
                 (QUEUE,))
     done, total = cur.fetchone()
     tap.ok(done == total == EVENTS, f"all {EVENTS} events done in {took:.1f} s", f"done {done} of {total}")

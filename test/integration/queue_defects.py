@@ -92,7 +92,7 @@ def claim_group_during(tap, admin, queue, change, what):
     tap.ok(took < PROMPT and rows == [],
            f"claim_group skips a group while another transaction {what} one of its events, without waiting",
            f"it took {took:.1f} s and returned {rows}, error {result.get('error')}")
-    state = one(admin, "SELECT state, claimed_at IS NULL FROM throttle.event WHERE queue = %s AND item_key = 'a1' "
+    state = one(admin, "SELECT state, claimed_at IS NULL FROM throttle.all_events WHERE queue = %s AND item_key = 'a1' "
                 "ORDER BY id DESC LIMIT 1", (queue,))
     after = one(admin, "SELECT array_agg(item_key ORDER BY item_key) FROM throttle.claim_group(%s, 'w2', '5 minutes')",
                 (queue,))[0]
@@ -139,7 +139,7 @@ def main():
     again = one(b, "SELECT array_agg(id) FROM throttle.claim_group('d.open', 'wb', '5 minutes')")[0]
     claimed = sorted([r[0] for r in rows] + (again or []))
     tap.is_(claimed, [], "no event completed by the other worker is claimed again, before or after its commit")
-    tap.is_(one(admin, "SELECT count(*) FILTER (WHERE state = 'done' AND completed_by = 'wa') FROM throttle.event "
+    tap.is_(one(admin, "SELECT count(*) FILTER (WHERE state = 'done' AND completed_by = 'wa') FROM throttle.all_events "
                      "WHERE queue = 'd.open'")[0], 3, "the three events are done, by the worker that claimed them")
     a.close()
 
@@ -186,7 +186,7 @@ def main():
     second_id = one(admin, "SELECT throttle.schedule('d.again', 'k', now(), '{\"v\": 2}')")[0]
     tap.ok(second_id != first[0], "schedule of a claimed item_key makes a new event",
            f"claimed {first[0]}, schedule returned {second_id}")
-    tap.is_(one(admin, "SELECT state, payload->>'v' FROM throttle.event WHERE id = %s", (first[0],)),
+    tap.is_(one(admin, "SELECT state, payload->>'v' FROM throttle.all_events WHERE id = %s", (first[0],)),
             ("claimed", "1"), "and leaves the claimed event as it was")
     tap.is_(one(b, "SELECT count(*) FROM throttle.claim('d.again', 'w2')")[0], 0,
             "the new run is not handed to another worker while the claimed one runs")
@@ -222,9 +222,9 @@ def main():
     cur.execute("SET application_name = 'billing'")
     cur.execute("SELECT throttle.schedule('d.who', 'k', now())")
     cur.execute("RESET ROLE")
-    tap.is_(one(admin, "SELECT enqueued_by FROM throttle.event WHERE queue = 'd.who'")[0],
+    tap.is_(one(admin, "SELECT enqueued_by FROM throttle.all_events WHERE queue = 'd.who'")[0],
             "queue_defects_role (billing)", "enqueued_by names the role that called schedule")
-    tap.ok(one(admin, "SELECT enqueued_by FROM throttle.event WHERE queue = 'd.again' LIMIT 1")[0]
+    tap.ok(one(admin, "SELECT enqueued_by FROM throttle.all_events WHERE queue = 'd.again' LIMIT 1")[0]
            .startswith(one(admin, "SELECT current_user")[0]), "and the superuser when it calls")
 
     # 22-23: two processes that both call themselves worker-7. The first
@@ -262,7 +262,7 @@ def main():
             "another role cannot complete, fail or extend a claim, even with its token")
     tap.is_((sql_error(admin, "SELECT claim_token FROM throttle.event WHERE queue = 'd.roles'") or ("",))[0],
             "42501", "and cannot read claim tokens (42501); the other columns it can")
-    one(admin, "SELECT id, claimed_by, claimed_role FROM throttle.event WHERE queue = 'd.roles' LIMIT 1")
+    one(admin, "SELECT id, claimed_by, claimed_role FROM throttle.all_events WHERE queue = 'd.roles' LIMIT 1")
     cur.execute("SET ROLE queue_defects_a")
     tap.is_(one(admin, "SELECT throttle.complete(ARRAY[%s, %s]::bigint[], %s)",
                 (claims[0][0], claims[1][0], claims[0][1]))[0], 1,
@@ -277,7 +277,7 @@ def main():
     old = one(admin, "SELECT id, claim_token FROM throttle.claim('d.superseded', 'w1')")
     cur.execute("SELECT throttle.schedule('d.superseded', 'k', now(), '{\"v\": 2}')")
     failed = sql_error(admin, "SELECT throttle.fail(ARRAY[%s]::bigint[], %s, 'boom')", old)
-    tap.is_((failed, one(admin, "SELECT array_agg(state || ':' || (payload->>'v') ORDER BY id) FROM throttle.event "
+    tap.is_((failed, one(admin, "SELECT array_agg(state || ':' || (payload->>'v') ORDER BY id) FROM throttle.all_events "
                                 "WHERE queue = 'd.superseded'")[0]),
             (None, ["cancelled:1", "pending:2"]),
             "fail of a claimed event scheduled again meanwhile: it is superseded by the newer run, no error")
@@ -324,7 +324,7 @@ def main():
     worker = connect()
     result = while_held(producer, worker, "SELECT throttle.fail(ARRAY[%s]::bigint[], %s, 'boom')", old)
     tap.is_((result.get("rows"), result.get("error"),
-             one(admin, "SELECT array_agg(state ORDER BY id) FROM throttle.event WHERE queue = 'd.race'")[0]),
+             one(admin, "SELECT array_agg(state ORDER BY id) FROM throttle.all_events WHERE queue = 'd.race'")[0]),
             ([(1,)], None, ["cancelled", "pending"]),
             "a newer run committed while fail waits for it: the failed run is superseded, no error")
     producer.close()
@@ -366,7 +366,7 @@ def main():
     execute(later, "SET pg_throttle.test_clock = %s",
             (str(datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(minutes=10)),))
     got = [one(later, "SELECT array_agg(payload->>'v') FROM throttle.claim('d.stale', 'w2')")[0] for _ in range(2)]
-    tap.is_((got, one(admin, "SELECT array_agg(state ORDER BY id) FROM throttle.event WHERE queue = 'd.stale'")[0]),
+    tap.is_((got, one(admin, "SELECT array_agg(state ORDER BY id) FROM throttle.all_events WHERE queue = 'd.stale'")[0]),
             ([None, ["2"]], ["cancelled", "claimed"]),
             "an expired claim superseded by a newer run is cancelled, and only the newer run runs")
     later.close()
@@ -377,7 +377,7 @@ def main():
     cur.execute("UPDATE throttle.event SET attempts = 60 WHERE queue = 'd.backoff'")
     late = one(admin, "SELECT id, claim_token FROM throttle.claim('d.backoff', 'w1')")
     tap.is_((sql_error(admin, "SELECT throttle.fail(ARRAY[%s]::bigint[], %s, 'again')", late),
-             one(admin, "SELECT run_at - now() <= interval '1 hour 1 minute' FROM throttle.event WHERE id = %s",
+             one(admin, "SELECT run_at - now() <= interval '1 hour 1 minute' FROM throttle.all_events WHERE id = %s",
                  (late[0],))[0]),
             (None, True), "fail of the 61st attempt backs off one hour, without an interval overflow")
 
@@ -447,7 +447,7 @@ def main():
     operator = connect()
     result = while_held(producer, operator, "SELECT throttle.release_group('d.release', 'g')")
     tap.is_((result.get("rows"), result.get("error"),
-             one(admin, "SELECT array_agg(item_key || ':' || state ORDER BY id) FROM throttle.event "
+             one(admin, "SELECT array_agg(item_key || ':' || state ORDER BY id) FROM throttle.all_events "
                         "WHERE queue = 'd.release'")[0]),
             ([(2,)], None, ["k1:pending", "k2:cancelled", "k2:pending"]),
             "a newer run committed while release_group waits for it: two events handed back, "
@@ -470,7 +470,7 @@ def main():
     purger = connect()
     result = while_held(second, purger, "SELECT throttle.purge('0 seconds', 'd.purge', '{dead}')")
     tap.is_((result.get("rows"), result.get("error"),
-             one(admin, "SELECT count(*) FROM throttle.event WHERE id = %s", (pid,))[0],
+             one(admin, "SELECT count(*) FROM throttle.all_events WHERE id = %s", (pid,))[0],
              one(admin, "SELECT array_agg(error) FROM throttle.event_attempt WHERE event_id = %s", (pid,))[0]),
             ([(1,)], None, 0, None),
             "purge of an event that died again while purge waited takes its newest attempts with it")

@@ -45,7 +45,7 @@ def worker(index, log, errors, stop_at):
                             (QUEUE, claim, LEASE))
             rows = cur.fetchall()
             if not rows:
-                cur.execute("SELECT count(*) FROM throttle.event WHERE queue = %s "
+                cur.execute("SELECT count(*) FROM throttle.all_events WHERE queue = %s "
                             "AND state IN ('pending', 'claimed')", (QUEUE,))
                 if cur.fetchone()[0] == 0:
                     return
@@ -75,13 +75,76 @@ def worker(index, log, errors, stop_at):
         conn.close()
 
 
+MOVES = "it.moves"
+
+
+def where_is(cur, item_key):
+    """(table, state) of each event of item_key in MOVES, oldest first."""
+    cur.execute("SELECT 'event', state, id FROM throttle.event WHERE queue = %s AND item_key = %s"
+                " UNION ALL SELECT 'history', state, id FROM throttle.event_history"
+                " WHERE queue = %s AND item_key = %s ORDER BY 3", (MOVES, item_key, MOVES, item_key))
+    return [(table, state) for table, state, _ in cur.fetchall()]
+
+
+def finished_events_move(tap, cur):
+    """Every path that finishes an event moves it to throttle.event_history
+    in its own transaction: complete, cancel, a failed run superseded by a
+    newer one, an expired claim superseded (claim), a released group's
+    superseded claim (release_group). purge deletes from there."""
+    cur.execute("SET pg_throttle.test_clock = '2030-01-01 12:00:00+00'")
+    for key in ("a", "b", "d", "e"):
+        cur.execute("SELECT throttle.schedule(%s, %s, '2030-01-01 11:00:00+00')", (MOVES, key))
+    cur.execute("SELECT throttle.schedule(%s, 'c', '2030-01-02 00:00:00+00')", (MOVES,))
+    cur.execute("SELECT throttle.schedule(%s, 'g1', '2030-01-01 11:00:00+00', group_key => 'G')", (MOVES,))
+    cur.execute("SELECT throttle.cancel(%s, 'c')", (MOVES,))
+    cur.execute("SELECT array_agg(id ORDER BY item_key), min(claim_token) "
+                "FROM throttle.claim(%s, 'w', '10 minutes', max => 4)", (MOVES,))
+    ids, token = cur.fetchone()
+    a, b, d, _ = ids
+    cur.execute("SELECT throttle.complete(%s, %s)", ([a], token))
+    # Newer runs of b and d, scheduled while they are claimed.
+    cur.execute("SELECT throttle.schedule(%s, 'b', '2030-01-01 11:30:00+00')", (MOVES,))
+    cur.execute("SELECT throttle.schedule(%s, 'd', '2030-01-01 11:30:00+00')", (MOVES,))
+    cur.execute("SELECT throttle.fail(%s, %s, 'boom')", ([b], token))
+    cur.execute("SELECT count(*) FROM throttle.claim_group(%s, 'w', '10 minutes')", (MOVES,))
+    cur.execute("SELECT throttle.schedule(%s, 'g1', '2030-01-01 11:30:00+00', group_key => 'G')", (MOVES,))
+    cur.execute("SELECT throttle.release_group(%s, 'G')", (MOVES,))
+    # d's claim expires; the next claim finds its newer run waiting.
+    cur.execute("SET pg_throttle.test_clock = '2030-01-01 13:00:00+00'")
+    cur.execute("SELECT count(*) FROM throttle.claim(%s, 'w', '10 minutes', max => 10)", (MOVES,))
+    got = {key: where_is(cur, key) for key in ("a", "b", "c", "d", "g1")}
+    tap.is_(got, {"a": [("history", "done")],
+                  "b": [("history", "cancelled"), ("event", "claimed")],
+                  "c": [("history", "cancelled")],
+                  "d": [("history", "cancelled"), ("event", "pending")],
+                  "g1": [("history", "cancelled"), ("event", "pending")]},
+            "complete, cancel, fail, claim and release_group move what they finish to "
+            "throttle.event_history, and only that")
+    cur.execute("SELECT reason FROM throttle.retry(%s)", ([a],))
+    tap.is_(cur.fetchone()[0], "the event is done, not dead", "retry names the state of a finished event")
+    cur.execute("SELECT count(*) FROM throttle.event_attempt WHERE event_id = %s", (b,))
+    attempts_of_b = cur.fetchone()[0]
+    cur.execute("SET pg_throttle.test_clock = '2030-01-01 14:00:00+00'")
+    cur.execute("SELECT throttle.purge('1 minute', queue => %s)", (MOVES,))
+    purged = cur.fetchone()[0]
+    cur.execute("SELECT (SELECT count(*) FROM throttle.event_history WHERE queue = %s),"
+                " (SELECT count(*) FROM throttle.event WHERE queue = %s),"
+                " (SELECT count(*) FROM throttle.event_attempt WHERE event_id = %s)", (MOVES, MOVES, b))
+    tap.is_((attempts_of_b, purged) + cur.fetchone(), (1, 5, 0, 4, 0),
+            "purge empties the history of the queue, with the attempts, and leaves the live events")
+    cur.execute("RESET pg_throttle.test_clock")
+
+
 def main():
-    tap = Tap(6)
+    tap = Tap(10)
     conn = connect()
     cur = conn.cursor()
-    cur.execute("DELETE FROM throttle.event_attempt WHERE event_id IN "
-                "(SELECT id FROM throttle.event WHERE queue = %s)", (QUEUE,))
-    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (QUEUE,))
+    for queue in (QUEUE, MOVES):
+        cur.execute("DELETE FROM throttle.event_attempt WHERE event_id IN "
+                    "(SELECT id FROM throttle.all_events WHERE queue = %s)", (queue,))
+        cur.execute("DELETE FROM throttle.event WHERE queue = %s", (queue,))
+        cur.execute("DELETE FROM throttle.event_history WHERE queue = %s", (queue,))
+    finished_events_move(tap, cur)
     cur.execute("SELECT throttle.schedule_many(%s, ARRAY(SELECT 'u' || g FROM generate_series(1, %s) g), "
                 "array_fill(now(), ARRAY[%s]), max_attempts => %s)", (QUEUE, EVENTS, EVENTS, MAX_ATTEMPTS))
     cur.execute("SELECT throttle.schedule_many(%s, ARRAY(SELECT 'g' || g FROM generate_series(1, %s) g), "
@@ -98,10 +161,18 @@ def main():
         t.join()
     tap.is_(errors, [], "no worker failed")
     cur.execute("SELECT count(*) FILTER (WHERE state IN ('done', 'dead')), count(*) "
-                "FROM throttle.event WHERE queue = %s", (QUEUE,))
+                "FROM throttle.all_events WHERE queue = %s", (QUEUE,))
     finished, total = cur.fetchone()
     tap.ok(finished == total == EVENTS + GROUPED, "every event ended done or dead",
            f"{finished} of {total}")
+    cur.execute("SELECT (SELECT count(*) FROM throttle.event WHERE queue = %s AND state = 'done'),"
+                " (SELECT count(*) FROM throttle.event_history WHERE queue = %s AND state = 'done'),"
+                " (SELECT count(*) FROM throttle.all_events WHERE queue = %s AND state = 'done')",
+                (QUEUE, QUEUE, QUEUE))
+    in_event, in_history, done = cur.fetchone()
+    tap.ok(in_event == 0 and in_history == done > 0,
+           f"every done event is in throttle.event_history ({in_history}), none in throttle.event",
+           f"{in_event} in throttle.event")
 
     # In attempt order: workers append to the log in whatever order they
     # get to it (one that stalled past its lease logs after the one that
@@ -110,7 +181,7 @@ def main():
     for event_id, attempt, claim, outcome in sorted(log):
         told[event_id].append((claim, outcome, attempt))
     cur.execute("SELECT h.event_id, h.claimed_by, h.outcome, h.attempt, e.state, e.attempts "
-                "FROM throttle.attempt_history h JOIN throttle.event e ON e.id = h.event_id "
+                "FROM throttle.attempt_history h JOIN throttle.all_events e ON e.id = h.event_id "
                 "WHERE e.queue = %s ORDER BY h.event_id, h.attempt", (QUEUE,))
     kept = collections.defaultdict(list)
     state = {}
@@ -141,7 +212,7 @@ def main():
     tap.ok(all(outcomes[o] > 0 for o in ("completed", "failed", "expired")),
            "the run had completed, failed and expired attempts", repr(dict(outcomes)))
     cur.execute("DELETE FROM throttle.event_attempt WHERE event_id IN "
-                "(SELECT id FROM throttle.event WHERE queue = %s)", (QUEUE,))
+                "(SELECT id FROM throttle.all_events WHERE queue = %s)", (QUEUE,))
     cur.execute("DELETE FROM throttle.event WHERE queue = %s", (QUEUE,))
     conn.close()
     tap.done()

@@ -94,7 +94,7 @@ def main():
     tap.ok(not errors, f"{WORKERS} workers claiming from a rate-limited queue: no error",
            errors[0] if errors else "")
     stamps = [r[0] for r in one(admin, "SELECT array_agg(ARRAY[(extract(epoch FROM claimed_at) * 1e6)::bigint]"
-                                       " ORDER BY claimed_at) FROM throttle.event WHERE queue = %s "
+                                       " ORDER BY claimed_at) FROM throttle.all_events WHERE queue = %s "
                                        "AND claimed_at IS NOT NULL", (QUEUE,))[0] or []]
     worst = None
     for i in range(len(stamps)):
@@ -110,7 +110,7 @@ def main():
            f"at least {RATE}, at most {most}")
     tap.is_(len(claimed), len(set(claimed)), "no event was claimed twice")
     left = one(admin, "SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE attempts > 1) "
-                      "FROM throttle.event WHERE queue = %s", (QUEUE,))
+                      "FROM throttle.all_events WHERE queue = %s", (QUEUE,))
     tap.ok(left[0] > 0 and left[1] == 0, "the events the bucket held back are still pending, none retried",
            f"pending {left[0]}, retried {left[1]}")
     cur.execute("DELETE FROM throttle.queue_bucket WHERE queue = %s", (QUEUE,))

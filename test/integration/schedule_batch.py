@@ -56,7 +56,7 @@ def batch_meets_uncommitted(tap, admin, queue, mode, then, want_run_in):
     ids = (result.get("rows") or [[None]])[0][0]
     rows = one(admin, "SELECT array_agg(id ORDER BY id), array_agg(payload->>'by' ORDER BY id), "
                       "round(extract(epoch FROM min(run_at) - now()) / 60) "
-                      "FROM throttle.event WHERE queue = %s AND item_key = 'k2' AND state = 'pending'", (queue,))
+                      "FROM throttle.all_events WHERE queue = %s AND item_key = 'k2' AND state = 'pending'", (queue,))
     k2_id, k2_by, k2_run_in = rows
     want_by = "other" if then == "commit" and mode == "ignore" else "batch"
     tap.ok(waited and result.get("error") is None and ids is not None and len(k2_id) == 1
@@ -66,7 +66,7 @@ def batch_meets_uncommitted(tap, admin, queue, mode, then, want_run_in):
            f"{then} leaves one pending event of the key, as schedule would",
            f"waited {waited}, error {result.get('error')}, ids {ids}, k2 events {k2_id} by {k2_by} "
            f"due in {k2_run_in} min (other's id {other_id})")
-    total = one(admin, "SELECT count(*) FROM throttle.event WHERE queue = %s", (queue,))[0]
+    total = one(admin, "SELECT count(*) FROM throttle.all_events WHERE queue = %s", (queue,))[0]
     tap.is_(total, 3, f"the batch ({mode}, {then}) leaves three events, one per key")
     other.close()
     batcher.close()
@@ -104,13 +104,13 @@ def racing_clients(tap, admin):
         t.join(timeout=300)
     tap.ok(not errors, f"{CLIENTS} clients scheduling overlapping batches at once: no deadlock, no error",
            f"{len(errors)} errors, the first: {errors[0].splitlines()[0]}" if errors else "")
-    keys_of = dict(one(admin, "SELECT array_agg(ARRAY[id::text, item_key]) FROM throttle.event "
+    keys_of = dict(one(admin, "SELECT array_agg(ARRAY[id::text, item_key]) FROM throttle.all_events "
                               "WHERE queue = 'sb.race'")[0] or [])
     wrong = [(key, event_id) for key, event_id in returned if keys_of.get(str(event_id)) != key]
     tap.ok(returned and not wrong, "every id a batch returned is an event of its item_key",
            f"{len(wrong)} wrong, e.g. {wrong[:5]}")
     per_key = one(admin, "SELECT count(*), count(DISTINCT item_key), count(*) FILTER (WHERE state <> 'pending') "
-                         "FROM throttle.event WHERE queue = 'sb.race'")
+                         "FROM throttle.all_events WHERE queue = 'sb.race'")
     tap.ok(per_key[0] == per_key[1] and per_key[2] == 0 and per_key[1] == len({k for k, _ in returned}),
            "one pending event per key scheduled, whatever the interleaving",
            f"events {per_key[0]}, keys {per_key[1]}, not pending {per_key[2]}")
@@ -149,7 +149,7 @@ def caller_recorded(tap, admin):
     c = conn.cursor()
     c.execute("SET ROLE schedule_batch_role")
     c.execute("SELECT throttle.schedule_many('sb.role', ARRAY['x', 'y'], ARRAY[now(), now()])")
-    tap.is_(one(admin, "SELECT array_agg(DISTINCT enqueued_by) FROM throttle.event WHERE queue = 'sb.role'")[0],
+    tap.is_(one(admin, "SELECT array_agg(DISTINCT enqueued_by) FROM throttle.all_events WHERE queue = 'sb.role'")[0],
             ["schedule_batch_role (billing)"], "enqueued_by names the role that called schedule_many")
     conn.close()
 

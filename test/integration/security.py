@@ -376,6 +376,11 @@ def privileges(tap):
         ("INSERT INTO throttle.event_attempt (event_id, attempt, ended_at, outcome) "
          "SELECT id, 1, now(), 'failed' FROM throttle.event LIMIT 1", "forge an attempt"),
         ("DELETE FROM throttle.event_attempt", "erase the attempts' history"),
+        ("SELECT claim_token FROM throttle.event_history", "read the finished claims' tokens"),
+        ("DELETE FROM throttle.event_history", "erase the finished events"),
+        ("UPDATE throttle.event_history SET state = 'done'", "rewrite the finished events"),
+        ("SELECT throttle._move_finished(ARRAY(SELECT id FROM throttle.event))",
+         "move another role's events to the history"),
     ]:
         tap.is_(code_of(alice, statement), "42501", f"an ordinary role cannot {what} (42501)")
     one(superuser_in(DB_A), "SELECT throttle.acquire('sec.only-in-a', '1 hour')")
@@ -387,7 +392,7 @@ def privileges(tap):
 
 
 def main():
-    tap = Tap(52)
+    tap = Tap(56)
     admin = connect()
     setup(admin)
     admin_a = superuser_in(DB_A)

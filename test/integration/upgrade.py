@@ -128,6 +128,8 @@ def fill(conn):
 
 
 STATES = "SELECT state, item_key, attempts, claimed_by FROM throttle.event ORDER BY id"
+# After the update done and cancelled events are in throttle.event_history.
+STATES_UPDATED = STATES.replace("throttle.event", "throttle.all_events")
 
 
 # Functions whose privileges an operator changed under 0.1.0: their
@@ -139,7 +141,7 @@ OPERATOR_ACL = {
 
 
 def main():
-    tap = Tap(17)
+    tap = Tap(18)
     admin = connect()
     recreate(admin, OLD_DB)
     recreate(admin, FRESH_DB)
@@ -191,8 +193,12 @@ def main():
             one(admin, "SELECT default_version FROM pg_available_extensions WHERE name = 'pg_throttle'")[0],
             "ALTER EXTENSION pg_throttle UPDATE reaches the current version")
     with old.cursor() as cur:
-        cur.execute(STATES)
+        cur.execute(STATES_UPDATED)
         tap.is_(cur.fetchall(), before, "every event is as it was: state, key, attempts, claimer")
+    tap.is_(one(old, "SELECT (SELECT array_agg(DISTINCT state ORDER BY state) FROM throttle.event),"
+                     " (SELECT array_agg(DISTINCT state ORDER BY state) FROM throttle.event_history)"),
+            (["claimed", "dead", "pending"], ["cancelled", "done"]),
+            "the done and cancelled events moved to throttle.event_history")
     tap.is_(one(old, "SELECT (SELECT count(*) FROM throttle.resource), (SELECT count(*) FROM throttle.bucket)"),
             (1, 1), "the declared resource and bucket are kept")
     tap.is_(one(old, "SELECT throttle.acquire('nightly')")[0], False,

@@ -1,6 +1,6 @@
 -- The event queue: signatures, error codes, privileges, index use.
 BEGIN;
-SELECT plan(40);
+SELECT plan(43);
 SET LOCAL pg_throttle.test_clock = '2038-01-01 00:00:00+00';
 
 SELECT has_table('throttle', 'event', 'catalog table throttle.event');
@@ -47,6 +47,19 @@ SELECT ok(has_column_privilege('public', 'throttle.event', 'priority', 'SELECT')
           AND has_column_privilege('public', 'throttle.event', 'cancelled_by', 'SELECT')
           AND has_column_privilege('public', 'throttle.event', 'concurrency_key', 'SELECT'),
     'every column but claim_token is readable, the newer ones too');
+SELECT has_table('throttle', 'event_history', 'finished events have a table of their own');
+SELECT ok(has_column_privilege('public', 'throttle.event_history', 'completed_by', 'SELECT')
+          AND has_column_privilege('public', 'throttle.event_history', 'concurrency_key', 'SELECT')
+          AND NOT has_column_privilege('public', 'throttle.event_history', 'claim_token', 'SELECT')
+          AND NOT has_table_privilege('public', 'throttle.event_history', 'INSERT')
+          AND NOT has_table_privilege('public', 'throttle.event_history', 'UPDATE')
+          AND NOT has_table_privilege('public', 'throttle.event_history', 'DELETE'),
+    'everyone may read the history but its tokens; only the functions write it');
+SELECT columns_are('throttle', 'all_events',
+    ARRAY(SELECT attname::text FROM pg_attribute
+          WHERE attrelid = 'throttle.event'::regclass AND attnum > 0 AND NOT attisdropped
+            AND attname <> 'claim_token' ORDER BY attnum),
+    'throttle.all_events has every column of throttle.event but claim_token');
 SELECT has_table('throttle', 'event_attempt', 'catalog table throttle.event_attempt');
 SELECT has_index('throttle', 'event_attempt', 'event_attempt_event', ARRAY['event_id', 'id'],
     'an event''s attempts are found by index, in order');

@@ -151,7 +151,7 @@ class Client:
             self.conn = connect_primary(self.ports)
             if self.conn is None:
                 raise
-            _, found, _ = call(self.conn, "SELECT count(*) FROM throttle.event "
+            _, found, _ = call(self.conn, "SELECT count(*) FROM throttle.all_events "
                                           "WHERE queue = 'soak' AND item_key = %s", (key,))
             if found == 0:
                 return  # not scheduled: try the same key again

@@ -284,7 +284,7 @@ def run(args, tap, soak, root, log_dir):
     time.sleep(1.0)
     drained = False
     for _ in range(900):
-        rows = soak.primary.sql("SELECT count(*) FROM throttle.event WHERE queue = 'soak' "
+        rows = soak.primary.sql("SELECT count(*) FROM throttle.all_events WHERE queue = 'soak' "
                                 "AND state IN ('pending', 'claimed')")
         if rows[0][0] == 0:
             drained = True
@@ -298,7 +298,7 @@ def run(args, tap, soak, root, log_dir):
     records = read_logs(log_dir)
     ops = Counter(r["op"] for r in records)
     final = defaultdict(list)
-    for key, state in soak.primary.sql("SELECT item_key, state FROM throttle.event WHERE queue = 'soak'"):
+    for key, state in soak.primary.sql("SELECT item_key, state FROM throttle.all_events WHERE queue = 'soak'"):
         final[key].append(state)
     scheduled = {r["key"] for r in records if r["op"] == "schedule"}
     acquired = [r for r in records if r["op"] == "acquire" and r["granted"]]

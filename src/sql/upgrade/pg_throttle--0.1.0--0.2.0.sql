@@ -51,6 +51,107 @@ GRANT SELECT (id, queue, item_key, group_key, payload, run_at, state, attempts, 
 -- pg_dump keeps the event ids' sequence with the events (0.1.0 restored
 -- them beside a sequence that started again at 1).
 SELECT pg_catalog.pg_extension_config_dump('throttle.event_id_seq', '');
+-- Finished events leave the hot table: done and cancelled events move to
+-- throttle.event_history, and the hot table keeps an index of its dead
+-- events only.
+DROP INDEX throttle.event_finished;
+CREATE INDEX event_dead ON throttle.event (queue, completed_at)
+    WHERE state = 'dead';
+COMMENT ON TABLE throttle.event IS
+    'The scheduled event queue, the hot table: events pending (waiting for run_at), claimed (a worker holds it until lease_until) and dead (max_attempts used up; throttle.retry brings it back, throttle.purge deletes it when asked). An event that is done or cancelled leaves it, in the same transaction, for throttle.event_history; throttle.all_events shows both.';
+
+-- Finished events: done (throttle.complete) or cancelled (throttle.cancel, or
+-- superseded by a newer run of their item_key). They leave throttle.event in
+-- the transaction that finishes them, so the hot table and its indexes hold
+-- what is pending, claimed or dead, whatever the history. The columns are
+-- throttle.event's, in its order; no CHECK and no identity: only the
+-- functions below write here, copying rows that throttle.event checked.
+CREATE TABLE throttle.event_history (
+    id            bigint PRIMARY KEY,
+    queue         text NOT NULL,
+    item_key      text NOT NULL,
+    group_key     text,
+    payload       jsonb NOT NULL,
+    run_at        timestamptz NOT NULL,
+    state         text NOT NULL,
+    attempts      integer NOT NULL,
+    max_attempts  integer NOT NULL,
+    enqueued_at   timestamptz NOT NULL,
+    enqueued_by   text NOT NULL,
+    claimed_at    timestamptz,
+    claimed_by    text,
+    claim_token   bigint,
+    lease_until   timestamptz,
+    completed_at  timestamptz,
+    completed_by  text,
+    cancelled_at  timestamptz,
+    last_error    text,
+    claimed_role  oid,
+    priority      integer NOT NULL,
+    failed_at     timestamptz,
+    cancelled_by  text,
+    concurrency_key text
+);
+CREATE INDEX event_history_key ON throttle.event_history (queue, item_key);
+CREATE INDEX event_history_finished ON throttle.event_history (coalesce(completed_at, cancelled_at));
+COMMENT ON TABLE throttle.event_history IS
+    'Finished events, with throttle.event''s columns: done (completed_at, completed_by) or cancelled (cancelled_at, cancelled_by; NULL when a newer run of its item_key superseded it). Rows come here from throttle.event in the transaction that finishes them and stay until throttle.purge.';
+REVOKE SELECT ON throttle.event_history FROM PUBLIC;
+GRANT SELECT (id, queue, item_key, group_key, payload, run_at, state, attempts, max_attempts,
+              enqueued_at, enqueued_by, claimed_at, claimed_by, lease_until, completed_at,
+              completed_by, cancelled_at, last_error, claimed_role, priority, failed_at,
+              cancelled_by, concurrency_key)
+    ON throttle.event_history TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('throttle.event_history', '');
+
+-- Every event, wherever it is now.
+CREATE VIEW throttle.all_events AS
+    SELECT e.id, e.queue, e.item_key, e.group_key, e.payload, e.run_at, e.state, e.attempts,
+           e.max_attempts, e.enqueued_at, e.enqueued_by, e.claimed_at, e.claimed_by,
+           e.lease_until, e.completed_at, e.completed_by, e.cancelled_at, e.last_error,
+           e.claimed_role, e.priority, e.failed_at, e.cancelled_by, e.concurrency_key
+    FROM throttle.event e
+    UNION ALL
+    SELECT h.id, h.queue, h.item_key, h.group_key, h.payload, h.run_at, h.state, h.attempts,
+           h.max_attempts, h.enqueued_at, h.enqueued_by, h.claimed_at, h.claimed_by,
+           h.lease_until, h.completed_at, h.completed_by, h.cancelled_at, h.last_error,
+           h.claimed_role, h.priority, h.failed_at, h.cancelled_by, h.concurrency_key
+    FROM throttle.event_history h;
+COMMENT ON VIEW throttle.all_events IS
+    'Every event in any state: throttle.event (pending, claimed, dead) and throttle.event_history (done, cancelled), every column but the claim token.';
+GRANT SELECT ON throttle.all_events TO PUBLIC;
+
+-- Moves the events of ids that are done or cancelled from throttle.event
+-- to throttle.event_history (paths that mark a few rows cancelled in a
+-- bigger statement; complete and cancel move theirs directly).
+CREATE FUNCTION throttle._move_finished(ids bigint[])
+RETURNS void
+LANGUAGE sql AS $$
+    WITH moved AS (
+        DELETE FROM throttle.event e
+        WHERE e.id = ANY (ids) AND upper(e.state) IN ('DONE', 'CANCELLED')
+        RETURNING e.*)
+    INSERT INTO throttle.event_history
+    SELECT m.id, m.queue, m.item_key, m.group_key, m.payload, m.run_at, m.state, m.attempts,
+           m.max_attempts, m.enqueued_at, m.enqueued_by, m.claimed_at, m.claimed_by,
+           m.claim_token, m.lease_until, m.completed_at, m.completed_by, m.cancelled_at,
+           m.last_error, m.claimed_role, m.priority, m.failed_at, m.cancelled_by,
+           m.concurrency_key
+    FROM moved m
+$$;
+COMMENT ON FUNCTION throttle._move_finished(bigint[]) IS
+    'Internal: moves the events of ids that are done or cancelled to throttle.event_history.';
+
+WITH moved AS (
+    DELETE FROM throttle.event e WHERE e.state IN ('done', 'cancelled') RETURNING e.*)
+INSERT INTO throttle.event_history
+SELECT m.id, m.queue, m.item_key, m.group_key, m.payload, m.run_at, m.state, m.attempts,
+       m.max_attempts, m.enqueued_at, m.enqueued_by, m.claimed_at, m.claimed_by,
+       m.claim_token, m.lease_until, m.completed_at, m.completed_by, m.cancelled_at,
+       m.last_error, m.claimed_role, m.priority, m.failed_at, m.cancelled_by,
+       m.concurrency_key
+FROM moved m;
+
 -- complete, fail, extend, schedule and claim_group get new signatures: they
 -- are dropped and created again. The privileges an operator gave or took on
 -- them are saved here and made again on the new ones at the end (purge is
@@ -97,11 +198,14 @@ CREATE VIEW throttle.attempt_history AS
            a.outcome, a.error
     FROM throttle.event_attempt a
     UNION ALL
-    SELECT e.id, e.attempts, e.claimed_at, e.claimed_by, e.claimed_role,
-           CASE WHEN e.state = 'done' THEN e.completed_at END,
-           CASE WHEN e.state = 'done' THEN 'completed' ELSE 'claimed' END, NULL
+    SELECT e.id, e.attempts, e.claimed_at, e.claimed_by, e.claimed_role, NULL, 'claimed', NULL
     FROM throttle.event e
-    WHERE e.state IN ('claimed', 'done');
+    WHERE e.state = 'claimed'
+    UNION ALL
+    SELECT h.id, h.attempts, h.claimed_at, h.claimed_by, h.claimed_role, h.completed_at,
+           'completed', NULL
+    FROM throttle.event_history h
+    WHERE h.state = 'done';
 COMMENT ON VIEW throttle.attempt_history IS
     'Every attempt of every event: those that ended without completing it (throttle.event_attempt: failed, expired, released), the one that completed it (completed) and the one running (claimed, ended_at NULL).';
 GRANT SELECT ON throttle.attempt_history TO PUBLIC;
@@ -553,6 +657,8 @@ BEGIN
                                                 claimed_role, ended_at, outcome, error)
             SELECT f.id, f.attempts, f.claimed_at, f.claimed_by, f.claimed_role, now, 'failed', error
             FROM unnest(finished) AS f ORDER BY f.id;
+            PERFORM throttle._move_finished(ARRAY(SELECT f.id FROM unnest(finished) AS f
+                                                  WHERE f.state = 'cancelled'));
             EXIT;
         EXCEPTION WHEN unique_violation THEN
             GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
@@ -649,6 +755,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     wanted bigint;
+    wanted_state text;
     ev throttle.event;
     now timestamptz := throttle.now();
     refused jsonb := '{}';  -- dead events not retried: id -> reason
@@ -691,8 +798,9 @@ BEGIN
             done := array_remove(done, wanted);  -- a second mention finds it pending
         ELSIF reason IS NULL THEN
             retried := false;
-            SELECT * INTO ev FROM throttle.event e WHERE e.id = wanted;
-            reason := CASE WHEN FOUND THEN 'the event is ' || ev.state || ', not dead' ELSE 'no such event' END;
+            SELECT a.state INTO wanted_state FROM throttle.all_events a WHERE a.id = wanted;
+            reason := CASE WHEN FOUND THEN 'the event is ' || wanted_state || ', not dead'
+                           ELSE 'no such event' END;
         END IF;
         RETURN NEXT;
     END LOOP;
@@ -754,6 +862,8 @@ BEGIN
                        CASE WHEN f.expired THEN 'expired' ELSE 'released' END
                 FROM f ORDER BY (f.fenced).id)
             SELECT array_agg(f.fenced) INTO fenced FROM f;
+            PERFORM throttle._move_finished(ARRAY(SELECT f.id FROM unnest(fenced) AS f
+                                                  WHERE f.state = 'cancelled'));
             EXIT;
         EXCEPTION WHEN unique_violation THEN
             GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
@@ -830,12 +940,18 @@ BEGIN
                     DETAIL = 'Pending and claimed events are never purged.';
     END IF;
     WITH gone AS (
-        DELETE FROM throttle.event e
-        WHERE e.state IN ('done', 'dead', 'cancelled') AND e.state = ANY (states)
+        DELETE FROM throttle.event_history h  -- event_history_finished
+        WHERE h.state = ANY (states)
+          AND (purge.queue IS NULL OR h.queue = purge.queue)
+          AND coalesce(h.completed_at, h.cancelled_at) < throttle.now() - older_than
+        RETURNING h.id),
+    dead AS (
+        DELETE FROM throttle.event e  -- event_dead
+        WHERE 'dead' = ANY (states) AND e.state = 'dead'
           AND (purge.queue IS NULL OR e.queue = purge.queue)
-          AND coalesce(e.completed_at, e.cancelled_at) < throttle.now() - older_than
+          AND e.completed_at < throttle.now() - older_than
         RETURNING e.id)
-    SELECT array_agg(gone.id) INTO gone_ids FROM gone;
+    SELECT array_agg(x.id) INTO gone_ids FROM (SELECT id FROM gone UNION ALL SELECT id FROM dead) x;
     -- A statement of its own, with a snapshot of its own: a dead event that
     -- was retried and failed again while the first one ran is deleted in its
     -- newest version, with attempts that first statement could not see. No
@@ -847,7 +963,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION throttle.purge(interval, text, text[]) IS
-    'Deletes finished events that finished more than older_than ago, of one queue or all, in the given states: done and cancelled unless asked; dead events, which nobody has resolved, only when states names them. Returns how many events; their attempts (throttle.event_attempt) go with them. The only way rows leave the queue.';
+    'Deletes finished events that finished more than older_than ago, of one queue or all, in the given states: done and cancelled (throttle.event_history) unless asked; dead events (throttle.event), which nobody has resolved, only when states names them. Returns how many events; their attempts (throttle.event_attempt) go with them. The only way events are deleted.';
 REVOKE EXECUTE ON FUNCTION throttle.purge(interval, text, text[]) FROM PUBLIC;
 
 -- The functions whose definitions changed.
@@ -865,14 +981,22 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM throttle._require(queue, 'queue'), throttle._require(item_key, 'item_key');
-    UPDATE throttle.event e SET state = 'cancelled', cancelled_at = throttle.now(),
-           cancelled_by = throttle._caller()
-    WHERE e.queue = cancel.queue AND e.item_key = cancel.item_key AND e.state = 'pending';
+    WITH moved AS (
+        DELETE FROM throttle.event e  -- event_pending_key
+        WHERE e.queue = cancel.queue AND e.item_key = cancel.item_key AND e.state = 'pending'
+        RETURNING e.*)
+    INSERT INTO throttle.event_history
+    SELECT m.id, m.queue, m.item_key, m.group_key, m.payload, m.run_at, 'cancelled', m.attempts,
+           m.max_attempts, m.enqueued_at, m.enqueued_by, m.claimed_at, m.claimed_by,
+           m.claim_token, m.lease_until, m.completed_at, m.completed_by, throttle.now(),
+           m.last_error, m.claimed_role, m.priority, m.failed_at, throttle._caller(),
+           m.concurrency_key
+    FROM moved m;
     RETURN FOUND;
 END
 $$;
 COMMENT ON FUNCTION throttle.cancel(text, text) IS
-    'Cancels the pending event item_key of the queue; false when there is none. The row stays, state cancelled, with cancelled_at and cancelled_by.';
+    'Cancels the pending event item_key of the queue; false when there is none. The event moves to throttle.event_history, state cancelled, with cancelled_at and cancelled_by.';
 
 -- _mark_claimed learns which expired claims are not charged an attempt.
 DROP FUNCTION throttle._mark_claimed(bigint[], text, interval, bigint, timestamptz);
@@ -896,6 +1020,7 @@ BEGIN
     WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.lease_until <= now
       AND EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
                   WHERE u.queue = e.queue AND u.item_key = e.item_key AND u.state = 'pending');
+    PERFORM throttle._move_finished(ids);
     -- Expired claims in uncharged never ran (they waited behind an earlier
     -- event of their strict group): their attempt is given back, so this
     -- claim leaves their count as it was and never makes them dead.
