@@ -24,7 +24,7 @@ CREATE TABLE throttle.event (
     payload       jsonb NOT NULL DEFAULT '{}',
     run_at        timestamptz NOT NULL,
     state         text NOT NULL DEFAULT 'pending'
-                  CHECK (state IN ('pending', 'claimed', 'done', 'dead', 'cancelled')),
+                  CHECK (state IN ('pending', 'claimed', 'dead')),
     attempts      integer NOT NULL DEFAULT 0,
     max_attempts  integer NOT NULL DEFAULT 5 CHECK (max_attempts > 0),
     enqueued_at   timestamptz NOT NULL,
@@ -102,6 +102,8 @@ SELECT pg_catalog.pg_extension_config_dump('throttle.event_id_seq', '');
 -- what is pending, claimed or dead, whatever the history. The columns are
 -- throttle.event's, in its order; no CHECK and no identity: only the
 -- functions below write here, copying rows that throttle.event checked.
+-- Its ids are throttle.event's: TRUNCATE ... RESTART IDENTITY must take both
+-- tables or neither, or a new event's id meets a finished one here.
 CREATE TABLE throttle.event_history (
     id            bigint PRIMARY KEY,
     queue         text NOT NULL,
@@ -128,7 +130,7 @@ CREATE TABLE throttle.event_history (
     cancelled_by  text,
     concurrency_key text
 );
-CREATE INDEX event_history_key ON throttle.event_history (queue, item_key);
+CREATE INDEX event_history_key ON throttle.event_history (queue, item_key);  -- tracing by key
 CREATE INDEX event_history_finished ON throttle.event_history (coalesce(completed_at, cancelled_at));
 COMMENT ON TABLE throttle.event_history IS
     'Finished events, with throttle.event''s columns: done (completed_at, completed_by) or cancelled (cancelled_at, cancelled_by; NULL when a newer run of its item_key superseded it). Rows come here from throttle.event in the transaction that finishes them and stay until throttle.purge.';
@@ -156,27 +158,6 @@ CREATE VIEW throttle.all_events AS
 COMMENT ON VIEW throttle.all_events IS
     'Every event in any state: throttle.event (pending, claimed, dead) and throttle.event_history (done, cancelled), every column but the claim token.';
 GRANT SELECT ON throttle.all_events TO PUBLIC;
-
--- Moves the events of ids that are done or cancelled from throttle.event
--- to throttle.event_history (paths that mark a few rows cancelled in a
--- bigger statement; complete and cancel move theirs directly).
-CREATE FUNCTION throttle._move_finished(ids bigint[])
-RETURNS void
-LANGUAGE sql AS $$
-    WITH moved AS (
-        DELETE FROM throttle.event e
-        WHERE e.id = ANY (ids) AND upper(e.state) IN ('DONE', 'CANCELLED')
-        RETURNING e.*)
-    INSERT INTO throttle.event_history
-    SELECT m.id, m.queue, m.item_key, m.group_key, m.payload, m.run_at, m.state, m.attempts,
-           m.max_attempts, m.enqueued_at, m.enqueued_by, m.claimed_at, m.claimed_by,
-           m.claim_token, m.lease_until, m.completed_at, m.completed_by, m.cancelled_at,
-           m.last_error, m.claimed_role, m.priority, m.failed_at, m.cancelled_by,
-           m.concurrency_key
-    FROM moved m
-$$;
-COMMENT ON FUNCTION throttle._move_finished(bigint[]) IS
-    'Internal: moves the events of ids that are done or cancelled to throttle.event_history.';
 
 CREATE TABLE throttle.event_attempt (
     id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -662,12 +643,18 @@ BEGIN
     ORDER BY e.id;
     -- A claim that expired while a newer run of its item_key waits: the
     -- newer run replaces it.
-    UPDATE throttle.event e SET state = 'cancelled', cancelled_at = now, lease_until = NULL,
-           failed_at = e.lease_until
-    WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.lease_until <= now
-      AND EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
-                  WHERE u.queue = e.queue AND u.item_key = e.item_key AND u.state = 'pending');
-    PERFORM throttle._move_finished(ids);
+    WITH superseded AS (
+        DELETE FROM throttle.event e
+        WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.lease_until <= now
+          AND EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
+                      WHERE u.queue = e.queue AND u.item_key = e.item_key AND u.state = 'pending')
+        RETURNING e.*)
+    INSERT INTO throttle.event_history
+    SELECT g.id, g.queue, g.item_key, g.group_key, g.payload, g.run_at, 'cancelled', g.attempts,
+           g.max_attempts, g.enqueued_at, g.enqueued_by, g.claimed_at, g.claimed_by,
+           g.claim_token, NULL, g.completed_at, g.completed_by, now, g.last_error,
+           g.claimed_role, g.priority, g.lease_until, g.cancelled_by, g.concurrency_key
+    FROM superseded g;
     -- Expired claims in uncharged never ran (they waited behind an earlier
     -- event of their strict group): their attempt is given back, so this
     -- claim leaves their count as it was and never makes them dead.
@@ -835,34 +822,49 @@ BEGIN
     -- as a unique violation: then again, with it in view.
     FOR attempt IN 1 .. 3 LOOP
         BEGIN
-            WITH failed AS (
+            WITH s AS (
+                SELECT x.id, EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
+                                     WHERE u.queue = x.queue AND u.item_key = x.item_key
+                                       AND u.state = 'pending') AS superseded
+                FROM throttle.event x WHERE x.id = ANY (ids)),
+            gone AS (
+                DELETE FROM throttle.event e USING s
+                WHERE s.id = e.id AND s.superseded AND e.attempts < e.max_attempts
+                  AND e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
+                  AND throttle._acts_as(e.claimed_role)
+                RETURNING e.*),
+            superseded AS (
+                INSERT INTO throttle.event_history
+                SELECT g.id, g.queue, g.item_key, g.group_key, g.payload, g.run_at, 'cancelled',
+                       g.attempts, g.max_attempts, g.enqueued_at, g.enqueued_by, g.claimed_at,
+                       g.claimed_by, g.claim_token, NULL, NULL, NULL, now, error,
+                       g.claimed_role, g.priority, now, g.cancelled_by, g.concurrency_key
+                FROM gone g
+                RETURNING *),
+            failed AS (
                 UPDATE throttle.event e
                 SET last_error = error, lease_until = NULL,
-                    state = CASE WHEN e.attempts >= e.max_attempts THEN 'dead'
-                                 WHEN s.superseded THEN 'cancelled' ELSE 'pending' END,
+                    state = CASE WHEN e.attempts >= e.max_attempts THEN 'dead' ELSE 'pending' END,
                     completed_at = CASE WHEN e.attempts >= e.max_attempts THEN now END,
                     completed_by = CASE WHEN e.attempts >= e.max_attempts THEN e.claimed_by END,
                     failed_at = now,
-                    cancelled_at = CASE WHEN e.attempts < e.max_attempts AND s.superseded THEN now END,
-                    run_at = CASE WHEN e.attempts >= e.max_attempts OR s.superseded THEN e.run_at
+                    run_at = CASE WHEN e.attempts >= e.max_attempts THEN e.run_at
                                   ELSE now + coalesce(retry_in,
                                        least(interval '1 hour', interval '10 seconds' * 2 ^ least(e.attempts - 1, 16)))
                              END
-                FROM (SELECT x.id, EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
-                                           WHERE u.queue = x.queue AND u.item_key = x.item_key
-                                             AND u.state = 'pending') AS superseded
-                      FROM throttle.event x WHERE x.id = ANY (ids)) AS s
-                WHERE s.id = e.id
+                FROM s
+                WHERE s.id = e.id AND NOT (s.superseded AND e.attempts < e.max_attempts)
                   AND e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
                   AND throttle._acts_as(e.claimed_role)
                 RETURNING e.*)
-            SELECT array_agg(f) INTO finished FROM failed f;
+            SELECT array_agg(f.ended ORDER BY (f.ended).id) INTO finished
+            FROM (SELECT ROW(h.*)::throttle.event AS ended FROM superseded h
+                  UNION ALL
+                  SELECT ROW(u.*)::throttle.event FROM failed u) AS f;
             INSERT INTO throttle.event_attempt (event_id, attempt, claimed_at, claimed_by,
                                                 claimed_role, ended_at, outcome, error)
             SELECT f.id, f.attempts, f.claimed_at, f.claimed_by, f.claimed_role, now, 'failed', error
             FROM unnest(finished) AS f ORDER BY f.id;
-            PERFORM throttle._move_finished(ARRAY(SELECT f.id FROM unnest(finished) AS f
-                                                  WHERE f.state = 'cancelled'));
             EXIT;
         EXCEPTION WHEN unique_violation THEN
             GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
@@ -1060,19 +1062,42 @@ BEGIN
     -- violation rolls the block back.
     FOR attempt IN 1 .. 3 LOOP
         BEGIN
-            WITH f AS (
+            WITH s AS (
+                SELECT x.id, x.lease_until, x.lease_until <= now AS expired,
+                       EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
+                               WHERE u.queue = x.queue AND u.item_key = x.item_key
+                                 AND u.state = 'pending') AS superseded
+                FROM throttle.event x WHERE x.id = ANY (ids)),
+            gone AS (
+                DELETE FROM throttle.event e USING s
+                WHERE s.id = e.id AND s.superseded AND e.id = ANY (ids)
+                  AND upper(e.state) = 'CLAIMED'
+                RETURNING e.*),
+            superseded AS (
+                INSERT INTO throttle.event_history
+                SELECT g.id, g.queue, g.item_key, g.group_key, g.payload, g.run_at, 'cancelled',
+                       g.attempts, g.max_attempts, g.enqueued_at, g.enqueued_by, g.claimed_at,
+                       g.claimed_by, NULL, NULL, g.completed_at, g.completed_by, now,
+                       g.last_error, g.claimed_role, g.priority,
+                       CASE WHEN s.expired THEN s.lease_until ELSE g.failed_at END,
+                       g.cancelled_by, g.concurrency_key
+                FROM gone g JOIN s ON s.id = g.id
+                RETURNING *),
+            pending AS (
                 UPDATE throttle.event e
-                SET state = CASE WHEN s.superseded THEN 'cancelled' ELSE 'pending' END,
-                    cancelled_at = CASE WHEN s.superseded THEN now END,
+                SET state = 'pending',
                     failed_at = CASE WHEN s.expired THEN s.lease_until ELSE e.failed_at END,
                     lease_until = NULL, claim_token = NULL
-                FROM (SELECT x.id, x.lease_until, x.lease_until <= now AS expired,
-                             EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
-                                     WHERE u.queue = x.queue AND u.item_key = x.item_key
-                                       AND u.state = 'pending') AS superseded
-                      FROM throttle.event x WHERE x.id = ANY (ids)) AS s
-                WHERE s.id = e.id AND e.id = ANY (ids) AND upper(e.state) = 'CLAIMED'
-                RETURNING e AS fenced, s.lease_until, s.expired),
+                FROM s
+                WHERE s.id = e.id AND NOT s.superseded AND e.id = ANY (ids)
+                  AND upper(e.state) = 'CLAIMED'
+                RETURNING e.*),
+            f AS (
+                SELECT ROW(h.*)::throttle.event AS fenced, s.lease_until, s.expired
+                FROM superseded h JOIN s ON s.id = h.id
+                UNION ALL
+                SELECT ROW(p.*)::throttle.event, s.lease_until, s.expired
+                FROM pending p JOIN s ON s.id = p.id),
             logged AS (
                 INSERT INTO throttle.event_attempt (event_id, attempt, claimed_at, claimed_by,
                                                     claimed_role, ended_at, outcome)
@@ -1081,9 +1106,7 @@ BEGIN
                        CASE WHEN f.expired THEN f.lease_until ELSE now END,
                        CASE WHEN f.expired THEN 'expired' ELSE 'released' END
                 FROM f ORDER BY (f.fenced).id)
-            SELECT array_agg(f.fenced) INTO fenced FROM f;
-            PERFORM throttle._move_finished(ARRAY(SELECT f.id FROM unnest(fenced) AS f
-                                                  WHERE f.state = 'cancelled'));
+            SELECT array_agg(f.fenced ORDER BY (f.fenced).id) INTO fenced FROM f;
             EXIT;
         EXCEPTION WHEN unique_violation THEN
             GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
@@ -1148,6 +1171,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     purged bigint;
     gone_ids bigint[];
+    cutoff timestamptz;
 BEGIN
     PERFORM throttle._require(older_than, 'older_than'), throttle._require(states, 'states');
     IF older_than < interval '0' THEN
@@ -1159,17 +1183,20 @@ BEGIN
               USING ERRCODE = 'invalid_parameter_value',
                     DETAIL = 'Pending and claimed events are never purged.';
     END IF;
+    -- A value, not throttle.now() (volatile) in the statements: then the
+    -- planner bounds the scans of the indexes with it.
+    cutoff := throttle.now() - older_than;
     WITH gone AS (
         DELETE FROM throttle.event_history h  -- event_history_finished
         WHERE h.state = ANY (states)
           AND (purge.queue IS NULL OR h.queue = purge.queue)
-          AND coalesce(h.completed_at, h.cancelled_at) < throttle.now() - older_than
+          AND coalesce(h.completed_at, h.cancelled_at) < cutoff
         RETURNING h.id),
     dead AS (
         DELETE FROM throttle.event e  -- event_dead
         WHERE 'dead' = ANY (states) AND e.state = 'dead'
           AND (purge.queue IS NULL OR e.queue = purge.queue)
-          AND e.completed_at < throttle.now() - older_than
+          AND e.completed_at < cutoff
         RETURNING e.id)
     SELECT array_agg(x.id) INTO gone_ids FROM (SELECT id FROM gone UNION ALL SELECT id FROM dead) x;
     -- A statement of its own, with a snapshot of its own: a dead event that

@@ -141,7 +141,7 @@ OPERATOR_ACL = {
 
 
 def main():
-    tap = Tap(18)
+    tap = Tap(19)
     admin = connect()
     recreate(admin, OLD_DB)
     recreate(admin, FRESH_DB)
@@ -183,6 +183,8 @@ def main():
     for old_signature in OPERATOR_ACL:
         execute(old, f"REVOKE EXECUTE ON FUNCTION {old_signature} FROM PUBLIC")
         execute(old, f"GRANT EXECUTE ON FUNCTION {old_signature} TO pgt_upgrade_worker")
+    # As in a 0.1.0 dump restored: its events' sequence starts again at 1.
+    execute(old, "SELECT setval('throttle.event_id_seq', 1, false)")
     execute(old, "ALTER EXTENSION pg_throttle UPDATE")
     tap.is_([one(old, "SELECT has_function_privilege('pgt_upgrade_worker', CAST(%s AS regprocedure), 'EXECUTE'),"
                       " has_function_privilege('pgt_upgrade_other', CAST(%s AS regprocedure), 'EXECUTE')",
@@ -243,6 +245,10 @@ def main():
     execute(old, "SELECT throttle.schedule('mail', 'new', now())")
     tap.is_(one(old, "SELECT enqueued_by FROM throttle.event WHERE item_key = 'new'")[0],
             one(old, "SELECT current_user")[0], "schedule works, with the caller in enqueued_by")
+    tap.ok(one(old, "SELECT (SELECT id FROM throttle.event WHERE item_key = 'new')"
+                    " > (SELECT max(id) FROM throttle.all_events WHERE item_key <> 'new')")[0],
+           "a new event's id follows every event's, finished ones included, though the sequence"
+           " had started again at 1")
     old.close()
     fresh.close()
     execute(admin, f"DROP DATABASE {OLD_DB}")

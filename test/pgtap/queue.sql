@@ -1,6 +1,6 @@
 -- The event queue: signatures, error codes, privileges, index use.
 BEGIN;
-SELECT plan(43);
+SELECT plan(44);
 SET LOCAL pg_throttle.test_clock = '2038-01-01 00:00:00+00';
 
 SELECT has_table('throttle', 'event', 'catalog table throttle.event');
@@ -48,6 +48,9 @@ SELECT ok(has_column_privilege('public', 'throttle.event', 'priority', 'SELECT')
           AND has_column_privilege('public', 'throttle.event', 'concurrency_key', 'SELECT'),
     'every column but claim_token is readable, the newer ones too');
 SELECT has_table('throttle', 'event_history', 'finished events have a table of their own');
+SELECT throws_ok($$INSERT INTO throttle.event (queue, item_key, run_at, state, enqueued_at, enqueued_by)
+                   VALUES ('tap.q', 'k', now(), 'done', now(), 'tap')$$, '23514', NULL,
+    'the hot table holds no finished event: done and cancelled ones are in throttle.event_history');
 SELECT ok(has_column_privilege('public', 'throttle.event_history', 'completed_by', 'SELECT')
           AND has_column_privilege('public', 'throttle.event_history', 'concurrency_key', 'SELECT')
           AND NOT has_column_privilege('public', 'throttle.event_history', 'claim_token', 'SELECT')
@@ -78,7 +81,7 @@ SELECT ok(NOT has_function_privilege('public', 'throttle.purge(interval, text, t
 -- The functions find rows through indexes, not by scanning the backlog.
 INSERT INTO throttle.event (queue, item_key, group_key, run_at, state, enqueued_at, enqueued_by, completed_at)
 SELECT 'tap.big', 'k' || g, 'g' || (g % 1000), '2037-01-01'::timestamptz + g * interval '1 second',
-       CASE WHEN g % 3 = 0 THEN 'done' ELSE 'pending' END, now(), 'tap',
+       CASE WHEN g % 3 = 0 THEN 'dead' ELSE 'pending' END, now(), 'tap',
        CASE WHEN g % 3 = 0 THEN now() END
 FROM generate_series(1, 30000) AS g;
 ANALYZE throttle.event;
