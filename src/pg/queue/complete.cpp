@@ -68,7 +68,10 @@ KeptPlan lock_claim{
 
 // Done events leave the hot table for throttle.event_history: a delete
 // and an insert into a table with two indexes cost less than the update of
-// a row that throttle.event's indexes and checks would see again.
+// a row that throttle.event's indexes and checks would see again. What the
+// statements after it need comes back from it: none of them reads the
+// history, whose statistics (an empty table before a drain) could give
+// their kept plans a scan of the whole table.
 KeptPlan move_done{
     "WITH done AS ("
     "  DELETE FROM throttle.event e"
@@ -81,45 +84,60 @@ KeptPlan move_done{
     "        d.claim_token, NULL, $3, d.claimed_by, d.cancelled_at, d.last_error,"
     "        d.claimed_role, d.priority, d.failed_at, d.cancelled_by, d.concurrency_key"
     " FROM done d"
-    " RETURNING id, group_key IS NOT NULL, concurrency_key IS NOT NULL",
+    " RETURNING id, group_key IS NOT NULL, concurrency_key IS NOT NULL, queue, item_key,"
+    "           group_key, claim_token, concurrency_key",
     3,
     {INT8ARRAYOID, INT8OID, TIMESTAMPTZOID},
     nullptr};
+enum DoneColumn : int {
+    kGrouped = 2,
+    kKeyed = 3,
+    kQueue = 4,
+    kItemKey = 5,
+    kGroupKey = 6,
+    kToken = 7,
+    kConcurrencyKey = 8
+};
 
-// The group claims of the events just done (now in throttle.event_history).
+// The group claims of the events just done: _release_groups reads their
+// queue, group_key and claim_token.
 KeptPlan release_groups{
-    "SELECT throttle._release_groups(array_agg(ROW(h.*)::throttle.event))"
-    " FROM throttle.event_history h WHERE h.id = ANY ($1)",
-    1,
-    {INT8ARRAYOID},
+    "SELECT throttle._release_groups(array_agg(jsonb_populate_record(NULL::throttle.event,"
+    "           jsonb_build_object('queue', f.queue, 'group_key', f.group_key,"
+    "                              'claim_token', f.claim_token))))"
+    " FROM unnest($1::text[], $2::text[], $3::bigint[]) AS f(queue, group_key, claim_token)"
+    " WHERE f.group_key IS NOT NULL",
+    3,
+    {TEXTARRAYOID, TEXTARRAYOID, INT8ARRAYOID},
     nullptr};
 
-// throttle._notify_successors's statement, by id. complete runs these
-// statements itself instead of calling the PL/pgSQL helpers that fail and
-// extend call: each helper call cost more than its statement (claim +
-// complete ran at 1 950 rather than 3 000 jobs/s through them).
+// throttle._notify_successors's statement, for the (queue, item_key) pairs
+// of the events done. complete runs these statements itself instead of
+// calling the PL/pgSQL helpers that fail and extend call: each helper call
+// cost more than its statement (claim + complete ran at 1 950 rather than
+// 3 000 jobs/s through them).
 KeptPlan notify_successors{
     "SELECT pg_notify(u.queue, u.id::text) FROM throttle.event u"  // event_pending_key
-    " WHERE (u.queue, u.item_key) IN (SELECT f.queue, f.item_key FROM throttle.event_history f"
-    "                                 WHERE f.id = ANY ($1))"
-    "   AND u.state = 'pending' AND u.run_at <= $2",
-    2,
-    {INT8ARRAYOID, TIMESTAMPTZOID},
+    " WHERE (u.queue, u.item_key) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
+    "   AND u.state = 'pending' AND u.run_at <= $3",
+    3,
+    {TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID},
     nullptr};
 
 // The second statement of throttle._notify_successors: a claim of a
 // concurrency_key ended, which may let the key's oldest due event go.
 KeptPlan notify_key_waiters{
     "SELECT pg_notify(k.queue, w.id::text)"
-    " FROM (SELECT DISTINCT f.queue, f.concurrency_key FROM throttle.event_history f"
-    "       WHERE f.id = ANY ($1) AND f.concurrency_key IS NOT NULL) AS k"
+    " FROM (SELECT DISTINCT f.queue, f.concurrency_key"
+    "       FROM unnest($1::text[], $2::text[]) AS f(queue, concurrency_key)"
+    "       WHERE f.concurrency_key IS NOT NULL) AS k"
     " CROSS JOIN LATERAL (SELECT u.id FROM throttle.event u"  // event_pending_concurrency
     "                     WHERE u.queue = k.queue AND u.concurrency_key = k.concurrency_key"
     "                       AND u.state = 'pending' AND u.concurrency_key IS NOT NULL"
-    "                       AND u.run_at <= $2"
+    "                       AND u.run_at <= $3"
     "                     ORDER BY u.run_at LIMIT 1) AS w",
-    2,
-    {INT8ARRAYOID, TIMESTAMPTZOID},
+    3,
+    {TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID},
     nullptr};
 
 // (ids bigint[], token bigint) -> integer, how many were completed.
@@ -147,20 +165,27 @@ Datum complete(FunctionCallInfo fcinfo) {
     bool keyed = false;
     for (uint64 i = 0; i < completed; ++i) {
         grouped = grouped || DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i],
-                                                        SPI_tuptable->tupdesc, 2, &is_null));
-        keyed = keyed || DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 3,
-                                                    &is_null));
+                                                        SPI_tuptable->tupdesc, kGrouped, &is_null));
+        keyed = keyed || DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
+                                                    kKeyed, &is_null));
     }
     if (completed > 0) {
-        uint64 count = 0;
-        Datum finished[1] = {PointerGetDatum(spi_ids(&count))};
+        // Every column is read before the next statement replaces SPI_tuptable.
+        const Datum queues = PointerGetDatum(spi_column(kQueue, TEXTOID));
+        const Datum item_keys = PointerGetDatum(spi_column(kItemKey, TEXTOID));
+        const Datum group_keys = grouped ? PointerGetDatum(spi_column(kGroupKey, TEXTOID)) : 0;
+        const Datum tokens = grouped ? PointerGetDatum(spi_column(kToken, INT8OID)) : 0;
+        const Datum concurrency_keys =
+            keyed ? PointerGetDatum(spi_column(kConcurrencyKey, TEXTOID)) : 0;
         if (grouped) {
-            run_kept_plan(&release_groups, finished, nullptr, SPI_OK_SELECT);
+            Datum group_args[3] = {queues, group_keys, tokens};
+            run_kept_plan(&release_groups, group_args, nullptr, SPI_OK_SELECT);
         }
-        Datum notify_args[2] = {finished[0], now};
+        Datum notify_args[3] = {queues, item_keys, now};
         run_kept_plan(&notify_successors, notify_args, nullptr, SPI_OK_SELECT);
         if (keyed) {
-            run_kept_plan(&notify_key_waiters, notify_args, nullptr, SPI_OK_SELECT);
+            Datum key_args[3] = {queues, concurrency_keys, now};
+            run_kept_plan(&notify_key_waiters, key_args, nullptr, SPI_OK_SELECT);
         }
     }
     SPI_finish();

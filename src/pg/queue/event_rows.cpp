@@ -11,15 +11,21 @@ ArrayType* ids_array(const Datum* ids, int n) {
                            TYPALIGN_DOUBLE);
 }
 
-ArrayType* spi_ids(uint64* count) {
+ArrayType* spi_column(int column, Oid element_type) {
     const uint64 n = SPI_processed;
-    auto* ids = static_cast<Datum*>(palloc(sizeof(Datum) * (n == 0 ? 1 : n)));
+    auto* values = static_cast<Datum*>(palloc(sizeof(Datum) * (n == 0 ? 1 : n)));
+    auto* nulls = static_cast<bool*>(palloc(sizeof(bool) * (n == 0 ? 1 : n)));
     for (uint64 i = 0; i < n; ++i) {
-        bool is_null = false;
-        ids[i] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &is_null);
+        values[i] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, column, &nulls[i]);
     }
-    *count = n;
-    return ids_array(ids, static_cast<int>(n));
+    int16 length = 0;
+    bool by_value = false;
+    char align = 'i';
+    get_typlenbyvalalign(element_type, &length, &by_value, &align);
+    int dims[1] = {static_cast<int>(n)};
+    int lower_bounds[1] = {1};
+    return construct_md_array(values, nulls, 1, dims, lower_bounds, element_type, length, by_value,
+                              align);
 }
 
 ArrayType* first_ids(ArrayType* ids, int count) {

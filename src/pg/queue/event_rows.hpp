@@ -5,9 +5,10 @@
 
 namespace pg_throttle::pg {
 
-// The ids in column 1 of SPI_tuptable as a bigint[] in the current memory
-// context, and how many there are in `count`.
-ArrayType* spi_ids(uint64* count);
+// Column `column` of SPI_tuptable's rows, of type `element_type` (a
+// variable-length type or bigint), NULLs kept, as an array in the current
+// memory context.
+ArrayType* spi_column(int column, Oid element_type);
 
 // `n` bigint Datums as a bigint[] in the current memory context.
 ArrayType* ids_array(const Datum* ids, int n);
