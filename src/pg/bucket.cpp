@@ -226,6 +226,12 @@ void queue_bucket_request(const text* name, const DeclaredBucket& declared, int3
     fill_shape(declared.rate, &declared.per, declared.burst_is_null, declared.burst, cost, request);
 }
 
+void queue_kind_bucket_request(const RegistryKey& key, const DeclaredBucket& declared, int32 cost,
+                               BucketRequest* request) {
+    request->key = key;
+    fill_shape(declared.rate, &declared.per, declared.burst_is_null, declared.burst, cost, request);
+}
+
 int64 bucket_take_up_to(BucketRequest request, core::Micros now, int64 want) {
     TakeUpToCall call{&request, now, want, 0};
     registry_apply(request.key, kTakeUpToOp, &call);

@@ -18,6 +18,13 @@ KeptPlan queue_bucket_query{
     {TEXTOID},
     nullptr};
 
+KeptPlan group_bucket_query{
+    "SELECT b.rate, b.per, b.burst, b.name FROM throttle.group_bucket g"
+    " JOIN throttle.bucket b ON b.name = g.bucket WHERE g.queue = $1",
+    1,
+    {TEXTOID},
+    nullptr};
+
 // Runs `query` for `name`; on the row found, `extract` copies what it needs
 // before SPI memory goes away. Returns whether a row was found.
 bool lookup(KeptPlan* query, const text* name,
@@ -103,6 +110,15 @@ bool queue_bucket(const text* queue, text** name, DeclaredBucket* bucket) {
         return false;
     }
     *name = found.name;
+    *bucket = found.bucket;
+    return true;
+}
+
+bool group_bucket(const text* queue, DeclaredBucket* bucket) {
+    QueueBucket found{};
+    if (!lookup(&group_bucket_query, queue, extract_queue_bucket, &found)) {
+        return false;
+    }
     *bucket = found.bucket;
     return true;
 }

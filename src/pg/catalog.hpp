@@ -25,4 +25,8 @@ DeclaredBucket declared_bucket(const text* key);
 // the call) and shape.
 bool queue_bucket(const text* queue, text** name, DeclaredBucket* bucket);
 
+// The shape of the bucket that each group of `queue` has for itself
+// (throttle.group_bucket): false when the queue's groups have none.
+bool group_bucket(const text* queue, DeclaredBucket* bucket);
+
 }  // namespace pg_throttle::pg

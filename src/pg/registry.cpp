@@ -223,9 +223,9 @@ long reclaim_expired() {
 }
 
 // The kind's crash rule, if its knowledge is incomplete (see EntryOp::born).
-// A queue's bucket follows the rule of buckets.
+// A queue's bucket, and a group's, follow the rule of buckets.
 std::optional<core::Micros> unknown_since_of(uint8 kind) {
-    if (kind == static_cast<uint8>(EntryKind::kQueueBucket)) {
+    if (entry_kind_is_bucket(static_cast<EntryKind>(kind))) {
         kind = static_cast<uint8>(EntryKind::kBucket);
     }
     const core::Micros since = shared_state->unknown_since[kind];
@@ -319,6 +319,8 @@ const char* entry_kind_name(EntryKind kind) {
             return "group";
         case EntryKind::kQueueBucket:
             return "queue_bucket";
+        case EntryKind::kQueueGroupBucket:
+            return "group_bucket";
     }
     return "unknown";
 }
@@ -419,8 +421,9 @@ void registry_make_key(EntryKind kind, const char* name, size_t len, const char*
 Oid registry_caller_role(EntryKind kind) {
     // The queue's kinds are made inside its SECURITY DEFINER functions: they
     // count for the session's role, not the extension's owner.
-    return kind == EntryKind::kQueueGroup || kind == EntryKind::kQueueBucket ? GetOuterUserId()
-                                                                             : GetUserId();
+    const bool queue_kind = kind == EntryKind::kQueueGroup || kind == EntryKind::kQueueBucket ||
+                            kind == EntryKind::kQueueGroupBucket;
+    return queue_kind ? GetOuterUserId() : GetUserId();
 }
 
 void registry_apply(const RegistryKey& key, const EntryOp& op, void* ctx) {

@@ -22,18 +22,20 @@ namespace pg_throttle::pg {
 // Each consumer of the registry has its own kind in the key, so that no name
 // a caller passes can reach another kind's entries.
 enum class EntryKind : uint8 {
-    kResource = 1,     // throttle.acquire
-    kBucket = 2,       // throttle.take, allow, wait
-    kLock = 3,         // throttle.lock, unlock, renew
-    kQueueGroup = 4,   // the lease that holds a group of the event queue
-    kQueueBucket = 5,  // the bucket that limits a queue's claims (throttle.queue_bucket)
+    kResource = 1,          // throttle.acquire
+    kBucket = 2,            // throttle.take, allow, wait
+    kLock = 3,              // throttle.lock, unlock, renew
+    kQueueGroup = 4,        // the lease that holds a group of the event queue
+    kQueueBucket = 5,       // the bucket that limits a queue's claims (throttle.queue_bucket)
+    kQueueGroupBucket = 6,  // a group's own bucket (throttle.group_bucket)
 };
-inline constexpr int kEntryKindCount = 6;  // indexed by value; 0 is unused
+inline constexpr int kEntryKindCount = 7;  // indexed by value; 0 is unused
 
-// Buckets of either kind: a queue's bucket is a bucket that no name given to
-// throttle.take reaches, so that only claims take from it.
+// Buckets of any kind: a queue's bucket, and a group's, are buckets that no
+// name given to throttle.take reaches, so that only claims take from them.
 inline bool entry_kind_is_bucket(EntryKind kind) {
-    return kind == EntryKind::kBucket || kind == EntryKind::kQueueBucket;
+    return kind == EntryKind::kBucket || kind == EntryKind::kQueueBucket ||
+           kind == EntryKind::kQueueGroupBucket;
 }
 
 const char* entry_kind_name(EntryKind kind);

@@ -11,7 +11,7 @@ namespace pg_throttle::pg {
 namespace {
 
 constexpr EntryKind kKinds[] = {EntryKind::kResource, EntryKind::kBucket, EntryKind::kLock,
-                                EntryKind::kQueueBucket};
+                                EntryKind::kQueueBucket, EntryKind::kQueueGroupBucket};
 
 Datum reset(FunctionCallInfo fcinfo) {
     registry_require();
@@ -41,7 +41,8 @@ Datum reset(FunctionCallInfo fcinfo) {
     if (key_count == 0) {
         ereport(ERROR,
                 (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("unknown kind \"%s\"", only),
-                 errhint("Use resource, bucket, queue_bucket or lock, or NULL for all of them.")));
+                 errhint("Use resource, bucket, queue_bucket, group_bucket or lock, or NULL for "
+                         "all of them.")));
     }
     int32 removed = 0;
     // A lock's grant is ended, not its entry removed: the earliest waiter

@@ -138,7 +138,7 @@ RETURNS integer
 AS 'MODULE_PATHNAME', 'pg_throttle_reset'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION throttle.reset(text, text) IS
-    'Clears the registry entries named name in this database (kind resource, bucket, queue_bucket or lock; NULL: all of them) and returns how many; a cleared resource or lock can be granted at once, a cleared bucket is full. For operators after an incident: not granted to PUBLIC.';
+    'Clears the registry entries named name in this database (kind resource, bucket, queue_bucket, group_bucket or lock; NULL: all of them; a group''s bucket is named after its queue and group as throttle.status shows it) and returns how many; a cleared resource or lock can be granted at once, a cleared bucket is full. For operators after an incident: not granted to PUBLIC.';
 REVOKE EXECUTE ON FUNCTION throttle.reset(text, text) FROM PUBLIC;
 
 CREATE FUNCTION throttle.checkpoint()

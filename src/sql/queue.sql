@@ -206,6 +206,16 @@ COMMENT ON COLUMN throttle.queue_bucket.bucket IS 'The name of a bucket declared
 GRANT SELECT ON throttle.queue_bucket TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('throttle.queue_bucket', '');
 
+CREATE TABLE throttle.group_bucket (
+    queue  text PRIMARY KEY CHECK (queue <> '' AND octet_length(queue) <= 63),
+    bucket text NOT NULL REFERENCES throttle.bucket (name) ON UPDATE CASCADE ON DELETE CASCADE
+);
+COMMENT ON TABLE throttle.group_bucket IS
+    'Rate-limited groups: each group of the queue has a bucket of its own, of the declared shape, and claim_group hands a group at most as many events as its bucket allows, one unit per event, passing over a group whose bucket is empty (its events stay pending until it refills). Beside the queue''s bucket (throttle.queue_bucket), if any. The units are the group''s own (kind group_bucket in throttle.status), out of throttle.take''s reach.';
+COMMENT ON COLUMN throttle.group_bucket.bucket IS 'The name of a bucket declared in throttle.bucket: its rate, per and burst apply to each group.';
+GRANT SELECT ON throttle.group_bucket TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('throttle.group_bucket', '');
+
 CREATE TABLE throttle.group_policy (
     queue        text PRIMARY KEY CHECK (queue <> '' AND octet_length(queue) <= 63),
     workers      integer NOT NULL DEFAULT 1 CHECK (workers BETWEEN 1 AND 64),

@@ -174,18 +174,28 @@ def rate_limited_setup(conn):
     one(conn, "SELECT count(throttle.schedule('cl', 'l' || g, now() - interval '1 minute')) "
               "FROM generate_series(1, 6) g")
     one(conn, "SELECT throttle.schedule('cl', 'lg', now() - interval '1 minute', group_key => 'g')")
-    return one(conn, "SELECT count(*) FROM throttle.claim('cl', 'wl', '10 minutes', 10)")[0]
+    # Queue 'cg' gives each group a bucket of 3 an hour: group g1's 3 units
+    # are claimed just before the fault; 2 more of its events wait.
+    execute(conn, "INSERT INTO throttle.group_bucket (queue, bucket) VALUES ('cg', 'cl.bucket')")
+    one(conn, "SELECT count(throttle.schedule('cg', 'g' || g, now() - interval '1 minute', group_key => 'g1'))"
+              " FROM generate_series(1, 5) g")
+    group = one(conn, "SELECT array_agg(id), min(claim_token) FROM throttle.claim_group('cg', 'wg', '1 minute')")
+    one(conn, "SELECT throttle.complete(%s, %s)", group)
+    return one(conn, "SELECT count(*) FROM throttle.claim('cl', 'wl', '10 minutes', 10)")[0] * 10 + len(group[0])
 
 
 def check_rate_limited(tap, conn, before, after):
     got = [one(conn, "SELECT count(*) FROM throttle.claim('cl', 'wl2', '1 minute', 10)")[0],
            one(conn, "SELECT count(*) FROM throttle.claim_group('cl', 'wl2', '1 minute')")[0],
            one(conn, "SELECT count(*) FROM throttle.claim('cl', 'wl3', '1 minute', 10)")[0]]
-    tap.ok(before == 3 and got == [0, 0, 0],
+    got += [one(conn, "SELECT count(*) FROM throttle.claim_group('cg', 'wg2', '1 minute')")[0] for _ in range(2)]
+    tap.ok(before == 33 and got == [0, 0, 0, 0, 0],
            f"after {after}, a rate-limited queue whose bucket was used up hands out nothing more "
-           "(claim, claim_group, claim again)", repr((before, got)))
+           "(claim, claim_group, claim again), nor a group whose own bucket was (claim_group twice)",
+           repr((before, got)))
     execute(conn, "DELETE FROM throttle.queue_bucket WHERE queue = 'cl'")
-    execute(conn, "DELETE FROM throttle.event WHERE queue = 'cl'")
+    execute(conn, "DELETE FROM throttle.group_bucket WHERE queue = 'cg'")
+    execute(conn, "DELETE FROM throttle.event WHERE queue IN ('cl', 'cg')")
 
 
 def backend_killed(tap, conn, data_dir, checkpoint):

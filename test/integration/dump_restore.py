@@ -24,6 +24,7 @@ SNAPSHOTS = {
     "resources": "SELECT md5(string_agg(r::text, '|' ORDER BY name)) FROM throttle.resource r",
     "buckets": "SELECT md5(string_agg(b::text, '|' ORDER BY name)) FROM throttle.bucket b",
     "queue buckets": "SELECT md5(string_agg(q::text, '|' ORDER BY queue)) FROM throttle.queue_bucket q",
+    "group buckets": "SELECT md5(string_agg(g::text, '|' ORDER BY queue)) FROM throttle.group_bucket g",
     "queue policies": "SELECT md5((SELECT string_agg(g::text, '|' ORDER BY queue) FROM throttle.group_policy g)"
                       " || (SELECT string_agg(c::text, '|' ORDER BY queue) FROM throttle.concurrency_policy c))",
     "attempt histories": "SELECT md5(string_agg(h::text, '|' ORDER BY event_id, attempt, outcome)) "
@@ -37,6 +38,7 @@ def fill(conn):
     cur.execute("INSERT INTO throttle.resource (name, every) VALUES ('nightly', '1 day')")
     cur.execute("INSERT INTO throttle.bucket (name, rate, per, burst) VALUES ('api', 10, '1 second', 5)")
     cur.execute("INSERT INTO throttle.queue_bucket (queue, bucket) VALUES ('limited', 'api')")
+    cur.execute("INSERT INTO throttle.group_bucket (queue, bucket) VALUES ('grouped', 'api')")
     cur.execute("SELECT throttle.schedule('q', 'k' || g, %s::timestamptz - interval '1 minute') "
                 "FROM generate_series(1, 6) g", (CLOCK,))
     cur.execute("SELECT throttle.schedule('q', 'last-try', %s::timestamptz - interval '2 minutes', "

@@ -72,11 +72,118 @@ def held_claim_locks_no_more(tap, admin):
     cur.execute("DELETE FROM throttle.event WHERE queue = 'qr.held'")
 
 
+def group_buckets_on_the_test_clock(tap, admin):
+    """Each group of a queue in throttle.group_bucket has a bucket of its own:
+    claim_group hands a group no more than its units, passes over a group
+    whose bucket is empty, and the queue's own bucket still bounds them all."""
+    cur = admin.cursor()
+    cur.execute("SET pg_throttle.test_clock = '2031-03-01 12:00:00+00'")
+    for queue in ("qr.groups", "qr.both"):
+        cur.execute("DELETE FROM throttle.event WHERE queue = %s", (queue,))
+        cur.execute("DELETE FROM throttle.event_history WHERE queue = %s", (queue,))
+    cur.execute("DELETE FROM throttle.bucket WHERE name IN ('qr.two', 'qr.three')")
+    cur.execute("INSERT INTO throttle.bucket (name, rate, per, burst) VALUES ('qr.two', 2, '1 minute', 2),"
+                " ('qr.three', 3, '1 minute', 3)")
+    cur.execute("INSERT INTO throttle.group_bucket (queue, bucket) VALUES ('qr.groups', 'qr.two'), "
+                "('qr.both', 'qr.two')")
+    cur.execute("INSERT INTO throttle.queue_bucket (queue, bucket) VALUES ('qr.both', 'qr.three')")
+    for queue in ("qr.groups", "qr.both"):
+        cur.execute("SELECT count(throttle.schedule(%s, g || '.' || n, '2031-03-01 11:00:00+00', "
+                    "group_key => g)) FROM unnest(ARRAY['G1', 'G2']) g, generate_series(1, 5) n", (queue,))
+
+    def claim(queue):
+        cur.execute("SELECT group_key, count(*), min(claim_token), array_agg(id) "
+                    "FROM throttle.claim_group(%s, 'w', '1 minute') GROUP BY group_key", (queue,))
+        row = cur.fetchone()
+        if row is None:
+            return None
+        cur.execute("SELECT throttle.complete(%s, %s)", (row[3], row[2]))
+        return row[0], row[1]
+    got = [claim("qr.groups") for _ in range(3)]
+    cur.execute("SET pg_throttle.test_clock = '2031-03-01 12:00:30+00'")
+    got.append(claim("qr.groups"))
+    tap.is_(got, [("G1", 2), ("G2", 2), None, ("G1", 1)],
+            "claim_group hands each group what its own bucket allows (2 of 5), passes over the groups "
+            "whose bucket is empty, and a group's bucket refills at its rate (1 after 30 s)")
+    cur.execute("SELECT count(*) FROM throttle.status WHERE kind = 'group_bucket'")
+    tap.is_(cur.fetchone()[0], 2, "each group's units are an entry of its own, kind group_bucket")
+    cur.execute("SET pg_throttle.test_clock = '2031-03-01 12:00:00+00'")
+    got = [claim("qr.both") for _ in range(3)]
+    tap.is_(got, [("G1", 2), ("G2", 1), None],
+            "beside the queue's bucket (3 units) the groups' buckets (2 each) bound a claim too: "
+            "the lower of the two wins")
+    cur.execute("RESET pg_throttle.test_clock")
+    cur.execute("DELETE FROM throttle.group_bucket WHERE queue IN ('qr.groups', 'qr.both')")
+    cur.execute("DELETE FROM throttle.queue_bucket WHERE queue = 'qr.both'")
+
+
+GROUPED = "qr.pergroup"
+G_RATE, G_PER_MS, G_BURST = 10, 1000, 2
+G_EMISSION_US = G_PER_MS * 1000 // G_RATE
+
+
+def group_worker(n, errors):
+    conn = connect()
+    deadline = time.monotonic() + 3.0
+    try:
+        with conn.cursor() as cur:
+            while time.monotonic() < deadline:
+                cur.execute("SELECT id, claim_token FROM throttle.claim_group(%s, %s, '1 minute')",
+                            (GROUPED, f"gw{n}"))
+                rows = cur.fetchall()
+                if rows:
+                    cur.execute("SELECT throttle.complete(%s::bigint[], %s)", ([r[0] for r in rows], rows[0][1]))
+    except Exception as e:  # noqa: BLE001 - reported by the checks
+        errors.append(str(e))
+    finally:
+        conn.close()
+
+
+def group_buckets_with_workers(tap, admin):
+    """Six workers claim groups of a queue whose groups take 10 a second,
+    burst 2, on the real clock: in every span of each group's claims the
+    group never gets more than burst + span / T."""
+    cur = admin.cursor()
+    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (GROUPED,))
+    cur.execute("DELETE FROM throttle.event_history WHERE queue = %s", (GROUPED,))
+    cur.execute("DELETE FROM throttle.bucket WHERE name = 'qr.group'")
+    cur.execute("INSERT INTO throttle.bucket (name, rate, per, burst) VALUES ('qr.group', %s, %s, %s)",
+                (G_RATE, f"{G_PER_MS} milliseconds", G_BURST))
+    cur.execute("INSERT INTO throttle.group_bucket (queue, bucket) VALUES (%s, 'qr.group')", (GROUPED,))
+    cur.execute("SELECT count(throttle.schedule(%s, g || '.' || n, now() - interval '1 minute', "
+                "group_key => g)) FROM (SELECT 'G' || k AS g FROM generate_series(1, 6) k) s, "
+                "generate_series(1, 100) n", (GROUPED,))
+    errors = []
+    threads = [threading.Thread(target=group_worker, args=(n, errors)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    cur.execute("SELECT group_key, array_agg((extract(epoch FROM claimed_at) * 1e6)::bigint ORDER BY claimed_at)"
+                " FROM throttle.all_events WHERE queue = %s AND claimed_at IS NOT NULL GROUP BY group_key",
+                (GROUPED,))
+    per_group = dict(cur.fetchall())
+    worst = None
+    for group, stamps in per_group.items():
+        for i in range(len(stamps)):
+            for j in range(i, len(stamps)):
+                over = j - i + 1 - (G_BURST + (stamps[j] - stamps[i]) // G_EMISSION_US)
+                if over > 0 and (worst is None or over > worst[0]):
+                    worst = (over, group, i, j)
+    counts = sorted(len(s) for s in per_group.values())
+    tap.ok(not errors and worst is None and len(per_group) == 6 and counts[0] >= G_RATE,
+           f"6 workers, 6 groups of 100 that take {G_RATE} a second: no group ever got more than "
+           f"burst {G_BURST} + span / {G_EMISSION_US} us, each got its share ({counts})",
+           "; ".join(errors[:1]) + (f" {worst[0]} too many in group {worst[1]}" if worst else ""))
+    cur.execute("DELETE FROM throttle.group_bucket WHERE queue = %s", (GROUPED,))
+
+
 def main():
-    tap = Tap(6)
+    tap = Tap(10)
     admin = connect()
     cur = admin.cursor()
     cur.execute("DELETE FROM throttle.event WHERE queue = %s", (QUEUE,))
+    cur.execute("DELETE FROM throttle.event_history WHERE queue = %s", (QUEUE,))
     cur.execute("DELETE FROM throttle.bucket WHERE name = 'qr.bucket'")
     cur.execute("INSERT INTO throttle.bucket (name, rate, per, burst) VALUES ('qr.bucket', %s, %s, %s)",
                 (RATE, f"{PER_MS} milliseconds", BURST))
@@ -116,6 +223,8 @@ def main():
     cur.execute("DELETE FROM throttle.queue_bucket WHERE queue = %s", (QUEUE,))
     cur.execute("DELETE FROM throttle.event WHERE queue = %s", (QUEUE,))
     held_claim_locks_no_more(tap, admin)
+    group_buckets_on_the_test_clock(tap, admin)
+    group_buckets_with_workers(tap, admin)
     admin.close()
     tap.done()
 

@@ -140,8 +140,10 @@ def queue_groups(tap):
             "the group lease functions are not granted to ordinary roles")
     # A queue's rate limit is declared by privileged roles only.
     tap.is_((code_of(alice, "INSERT INTO throttle.queue_bucket (queue, bucket) VALUES ('sec.q', 'x')"),
-             code_of(alice, "DELETE FROM throttle.queue_bucket")), ("42501", "42501"),
-            "an ordinary role can neither limit a queue's claims nor lift a limit")
+             code_of(alice, "DELETE FROM throttle.queue_bucket"),
+             code_of(alice, "INSERT INTO throttle.group_bucket (queue, bucket) VALUES ('sec.q', 'x')"),
+             code_of(alice, "DELETE FROM throttle.group_bucket")), ("42501",) * 4,
+            "an ordinary role can neither limit a queue's claims or its groups' nor lift a limit")
     tap.is_((code_of(alice, "INSERT INTO throttle.concurrency_policy VALUES ('sec.k', 100)"),
              code_of(alice, "DELETE FROM throttle.concurrency_policy"),
              code_of(alice, "TRUNCATE throttle.concurrency_policy")), ("42501", "42501", "42501"),

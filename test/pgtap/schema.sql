@@ -61,7 +61,8 @@ SELECT is(
      WHERE e.extname = 'pg_throttle'),
     ARRAY['throttle.bucket', 'throttle.concurrency_policy', 'throttle.event', 'throttle.event_attempt',
           'throttle.event_attempt_id_seq', 'throttle.event_history', 'throttle.event_id_seq',
-          'throttle.group_policy', 'throttle.queue_bucket', 'throttle.resource'],
+          'throttle.group_bucket', 'throttle.group_policy', 'throttle.queue_bucket',
+          'throttle.resource'],
     'pg_dump keeps declared resources and buckets, the event queue and its history, its attempts, its rate limits and its group and key concurrency');
 SELECT is((SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle'),
     (SELECT default_version FROM pg_available_extensions WHERE name = 'pg_throttle'),

@@ -7,6 +7,9 @@
 // behind by a claim whose lease expired, then groups with due events, oldest
 // first. A group already tried in this call is skipped by a hash lookup. For
 // each new candidate:
+//  0. when the queue's groups have buckets of their own (throttle.
+//     group_bucket), the group's units: a group whose bucket is empty is
+//     passed over at the cost of one look-up;
 //  1. a lease slot in shared memory (group_lease.hpp): slot 0, or the first
 //     free one of the N that throttle.group_policy gives the queue. A
 //     group whose slots other workers hold costs N lookups;
@@ -22,9 +25,11 @@
 //     shows are counted again. A pending event whose item_key has a claimed
 //     run waits for it. In a group kept in strict order only the events
 //     before the first one that is not ready count;
-//  3. of the rest (expired claims first, then by run_at), up to max, and no
-//     more than a bucket that limits the queue gives units for
-//     (claim_limit.hpp); none when it is empty, and then the call ends.
+//  3. of the rest (expired claims first, then by run_at), up to max, no
+//     more than the group's own bucket gives units for (none: the group is
+//     passed over), and no more than a bucket that limits the queue gives
+//     units for (claim_limit.hpp); none when it is empty, and then the call
+//     ends.
 //     Expired claims left out are ended for their old worker;
 //  4. the events are marked claimed (mark_claimed.hpp), in a transaction
 //     whose commit is durable (durable_commit.hpp). A group whose due events
@@ -230,6 +235,7 @@ bool tried_before(HTAB* tried, const text* group_key) {
 
 struct GroupClaim {
     const ClaimLimit* limit;
+    const GroupLimit* group_limit;
     GroupPolicy policy;  // throttle.group_policy
     int64 max;           // events per claim; INT64_MAX for every due one
     Datum queue;
@@ -292,6 +298,10 @@ bool too_many_holders(const GroupClaim& claim, const text* group_key, int slot,
 // bucket had no unit left.
 uint64 claim_one_group(const GroupClaim& claim, const text* group_key, const SPITupleTable** rows,
                        bool* bucket_empty) {
+    const text* queue = DatumGetTextPP(claim.queue);
+    if (group_limit_available(*claim.group_limit, queue, group_key, claim.now, 1) == 0) {
+        return 0;  // the group's own bucket is empty
+    }
     RegistryKey key;
     int slot = 0;
     const int64 token = take_slot(claim, group_key, &key, &slot);
@@ -334,8 +344,15 @@ uint64 claim_one_group(const GroupClaim& claim, const text* group_key, const SPI
         uncharged = DatumGetArrayTypePCopy(
             SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
     }
-    const int64 allowed =
-        claim_limit_take(*claim.limit, claim.now, std::min<int64>(free, claim.max));
+    // The group's units first: units a group takes and cannot use are lost
+    // to that group alone (a bucket errs on the side of fewer events).
+    const int64 group_allowed = group_limit_take(*claim.group_limit, queue, group_key, claim.now,
+                                                 std::min<int64>(free, claim.max));
+    if (group_allowed == 0) {  // emptied since the look-up: pass the group over
+        lock_release(key, token);
+        return 0;
+    }
+    const int64 allowed = claim_limit_take(*claim.limit, claim.now, group_allowed);
     if (allowed == 0) {  // the queue's bucket is empty: no group now
         lock_release(key, token);
         *bucket_empty = true;
@@ -436,9 +453,17 @@ Datum claim_group(FunctionCallInfo fcinfo) {
         SPI_finish();
         return static_cast<Datum>(0);
     }
-    const GroupClaim claim{
-        &limit,   policy,  max, PG_GETARG_DATUM(0), PG_GETARG_DATUM(1), PG_GETARG_DATUM(2),
-        lease_us, &holder, now};
+    const GroupLimit group_limit = group_limit_of(PG_GETARG_TEXT_PP(0));
+    const GroupClaim claim{&limit,
+                           &group_limit,
+                           policy,
+                           max,
+                           PG_GETARG_DATUM(0),
+                           PG_GETARG_DATUM(1),
+                           PG_GETARG_DATUM(2),
+                           lease_us,
+                           &holder,
+                           now};
     HTAB* tried = tried_groups_create();
     const SPITupleTable* rows = nullptr;
     uint64 claimed = 0;

@@ -11,6 +11,12 @@
 // commit: a claim that rolls back has used them. The bucket errs on the side
 // of fewer events, never more, also after a crash (it is empty at the
 // restart).
+//
+// A queue named in throttle.group_bucket also gives each group a bucket of
+// its own, of the declared shape: an entry of kind kQueueGroupBucket named
+// after the queue and the group (as the group's lease is, group_lease.hpp).
+// claim_group takes a group's units before the queue's, and passes over a
+// group whose bucket is empty.
 #pragma once
 
 #include "pg/bucket.hpp"
@@ -32,5 +38,20 @@ int64 claim_limit_available(const ClaimLimit& limit, TimestampTz now, int64 want
 // Takes units for up to `wanted` (> 0) events at `now`; how many it took
 // (`wanted` when the queue is not limited).
 int64 claim_limit_take(const ClaimLimit& limit, TimestampTz now, int64 wanted);
+
+struct GroupLimit {
+    bool limited;  // false: the queue's groups have no bucket of their own
+    DeclaredBucket declared;
+};
+
+// The limit of each group of `queue`. Inside SPI_connect.
+GroupLimit group_limit_of(const text* queue);
+
+// As claim_limit_available and claim_limit_take, for the bucket of the group
+// `group_key` of `queue`.
+int64 group_limit_available(const GroupLimit& limit, const text* queue, const text* group_key,
+                            TimestampTz now, int64 wanted);
+int64 group_limit_take(const GroupLimit& limit, const text* queue, const text* group_key,
+                       TimestampTz now, int64 wanted);
 
 }  // namespace pg_throttle::pg

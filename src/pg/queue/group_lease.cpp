@@ -29,6 +29,11 @@ namespace pg_throttle::pg {
 // for the other, never run beside it. Slot k > 0 starts "<bytes of
 // queue>/<k>:" instead: the byte after the length tells it from slot 0.
 void group_lease_key(const text* queue, const text* group, int slot, RegistryKey* key) {
+    queue_group_key(EntryKind::kQueueGroup, queue, group, slot, key);
+}
+
+void queue_group_key(EntryKind kind, const text* queue, const text* group, int slot,
+                     RegistryKey* key) {
     Assert(slot >= 0 && slot < kMaxGroupWorkers);
     const size_t queue_len = VARSIZE_ANY_EXHDR(queue);
     const size_t group_len = VARSIZE_ANY_EXHDR(group);
@@ -66,7 +71,7 @@ void group_lease_key(const text* queue, const text* group, int slot, RegistryKey
             *pos++ = kHex[byte & 0xf];
         }
     }
-    registry_make_key(EntryKind::kQueueGroup, name, static_cast<size_t>(pos - name), "group", key);
+    registry_make_key(kind, name, static_cast<size_t>(pos - name), "group", key);
 }
 
 bool group_lease_find(const text* queue, const text* group_key, int64 token, RegistryKey* key) {

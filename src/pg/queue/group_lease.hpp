@@ -17,6 +17,11 @@ inline constexpr int kMaxGroupWorkers = 64;
 // `group_key` of `queue`.
 void group_lease_key(const text* queue, const text* group_key, int slot, RegistryKey* key);
 
+// The same name for an entry of another `kind` that belongs to a group
+// (a group's bucket, EntryKind::kQueueGroupBucket, with slot 0).
+void queue_group_key(EntryKind kind, const text* queue, const text* group_key, int slot,
+                     RegistryKey* key);
+
 // The key of the slot of the group that a lease held with `token` holds;
 // false when none does (it ended, or another claim took its slot).
 bool group_lease_find(const text* queue, const text* group_key, int64 token, RegistryKey* key);

@@ -211,6 +211,17 @@ COMMENT ON COLUMN throttle.queue_bucket.bucket IS 'The name of a bucket declared
 GRANT SELECT ON throttle.queue_bucket TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('throttle.queue_bucket', '');
 
+-- Rate-limited groups: a bucket per group.
+CREATE TABLE throttle.group_bucket (
+    queue  text PRIMARY KEY CHECK (queue <> '' AND octet_length(queue) <= 63),
+    bucket text NOT NULL REFERENCES throttle.bucket (name) ON UPDATE CASCADE ON DELETE CASCADE
+);
+COMMENT ON TABLE throttle.group_bucket IS
+    'Rate-limited groups: each group of the queue has a bucket of its own, of the declared shape, and claim_group hands a group at most as many events as its bucket allows, one unit per event, passing over a group whose bucket is empty (its events stay pending until it refills). Beside the queue''s bucket (throttle.queue_bucket), if any. The units are the group''s own (kind group_bucket in throttle.status), out of throttle.take''s reach.';
+COMMENT ON COLUMN throttle.group_bucket.bucket IS 'The name of a bucket declared in throttle.bucket: its rate, per and burst apply to each group.';
+GRANT SELECT ON throttle.group_bucket TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('throttle.group_bucket', '');
+
 -- How groups are handed out: per-group concurrency, strict order.
 CREATE TABLE throttle.group_policy (
     queue        text PRIMARY KEY CHECK (queue <> '' AND octet_length(queue) <= 63),
@@ -250,9 +261,9 @@ CREATE TRIGGER concurrency_policy_changes
     BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON throttle.concurrency_policy
     FOR EACH STATEMENT EXECUTE FUNCTION throttle._policy_changes();
 
--- reset knows the queue buckets.
+-- reset knows the queue buckets and the groups' buckets.
 COMMENT ON FUNCTION throttle.reset(text, text) IS
-    'Clears the registry entries named name in this database (kind resource, bucket, queue_bucket or lock; NULL: all of them) and returns how many; a cleared resource or lock can be granted at once, a cleared bucket is full. For operators after an incident: not granted to PUBLIC.';
+    'Clears the registry entries named name in this database (kind resource, bucket, queue_bucket, group_bucket or lock; NULL: all of them; a group''s bucket is named after its queue and group as throttle.status shows it) and returns how many; a cleared resource or lock can be granted at once, a cleared bucket is full. For operators after an incident: not granted to PUBLIC.';
 
 -- New functions.
 
