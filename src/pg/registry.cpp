@@ -269,6 +269,23 @@ Attempt try_apply(const RegistryKey& key, uint32 hash, Oid role, const EntryOp& 
             if (op.decide_shared(&free_entry, ctx)) {
                 return Attempt::kDone;
             }
+        } else if (op.born != nullptr &&
+                   (key.kind == static_cast<uint8>(EntryKind::kQueueBucket) ||
+                    key.kind == static_cast<uint8>(EntryKind::kQueueGroupBucket))) {
+            // A queue's or a group's bucket nobody has seen, under the crash
+            // rule: it is born from unknown_since alone, which only ever moves
+            // later, so a claim's look that needs no write (a peek, a take from
+            // an empty bucket) decides on that born entry without storing it.
+            // Otherwise every peek at a group's bucket after a crash would cost
+            // the claiming role an entry of its quota.
+            RegistryEntry born_entry;
+            born_entry.key = key;
+            clear_state(&born_entry);
+            op.born(&born_entry, *unknown_since, ctx);
+            born_entry.born = true;
+            if (op.decide_shared(&born_entry, ctx)) {
+                return Attempt::kDone;
+            }
         }
     }
     PartitionLock exclusive(lock, LW_EXCLUSIVE);

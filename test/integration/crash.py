@@ -181,6 +181,9 @@ def rate_limited_setup(conn):
               " FROM generate_series(1, 5) g")
     group = one(conn, "SELECT array_agg(id), min(claim_token) FROM throttle.claim_group('cg', 'wg', '1 minute')")
     one(conn, "SELECT throttle.complete(%s, %s)", group)
+    # 30 more groups that no claim has looked at yet.
+    one(conn, "SELECT count(throttle.schedule('cg', 'h' || g, now(), group_key => 'h' || g))"
+              " FROM generate_series(1, 30) g")
     return one(conn, "SELECT count(*) FROM throttle.claim('cl', 'wl', '10 minutes', 10)")[0] * 10 + len(group[0])
 
 
@@ -189,9 +192,13 @@ def check_rate_limited(tap, conn, before, after):
            one(conn, "SELECT count(*) FROM throttle.claim_group('cl', 'wl2', '1 minute')")[0],
            one(conn, "SELECT count(*) FROM throttle.claim('cl', 'wl3', '1 minute', 10)")[0]]
     got += [one(conn, "SELECT count(*) FROM throttle.claim_group('cg', 'wg2', '1 minute')")[0] for _ in range(2)]
-    tap.ok(before == 33 and got == [0, 0, 0, 0, 0],
+    # Every group's bucket starts empty after the fault; looking at 31 of
+    # them stores none (each would take an entry of the role's quota).
+    got.append(one(conn, "SELECT count(*) FROM throttle.status WHERE kind = 'group_bucket'")[0])
+    tap.ok(before == 33 and got == [0, 0, 0, 0, 0, 0],
            f"after {after}, a rate-limited queue whose bucket was used up hands out nothing more "
-           "(claim, claim_group, claim again), nor a group whose own bucket was (claim_group twice)",
+           "(claim, claim_group, claim again), nor a group whose own bucket was, nor the 30 groups "
+           "no claim had looked at (claim_group twice), and those looks store no entry",
            repr((before, got)))
     execute(conn, "DELETE FROM throttle.queue_bucket WHERE queue = 'cl'")
     execute(conn, "DELETE FROM throttle.group_bucket WHERE queue = 'cg'")

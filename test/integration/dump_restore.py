@@ -62,7 +62,7 @@ def snapshot(conn):
 
 
 def main():
-    tap = Tap(12)
+    tap = Tap(13)
     admin = connect()
     for db in (SOURCE, TARGET):
         admin.cursor().execute(f"DROP DATABASE IF EXISTS {db}")

@@ -344,18 +344,26 @@ uint64 claim_one_group(const GroupClaim& claim, const text* group_key, const SPI
         uncharged = DatumGetArrayTypePCopy(
             SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
     }
-    // The group's units first: units a group takes and cannot use are lost
-    // to that group alone (a bucket errs on the side of fewer events).
-    const int64 group_allowed = group_limit_take(*claim.group_limit, queue, group_key, claim.now,
-                                                 std::min<int64>(free, claim.max));
-    if (group_allowed == 0) {  // emptied since the look-up: pass the group over
+    // The queue's units for no more than the group's bucket has, then the
+    // group's for no more than the queue gave: units are lost (a bucket errs
+    // on the side of fewer events) only when another claim of this group
+    // took the group's units in between.
+    const int64 group_has = group_limit_available(*claim.group_limit, queue, group_key, claim.now,
+                                                  std::min<int64>(free, claim.max));
+    if (group_has == 0) {  // emptied since the look-up: pass the group over
         lock_release(key, token);
         return 0;
     }
-    const int64 allowed = claim_limit_take(*claim.limit, claim.now, group_allowed);
-    if (allowed == 0) {  // the queue's bucket is empty: no group now
+    const int64 queue_allowed = claim_limit_take(*claim.limit, claim.now, group_has);
+    if (queue_allowed == 0) {  // the queue's bucket is empty: no group now
         lock_release(key, token);
         *bucket_empty = true;
+        return 0;
+    }
+    const int64 allowed =
+        group_limit_take(*claim.group_limit, queue, group_key, claim.now, queue_allowed);
+    if (allowed == 0) {
+        lock_release(key, token);
         return 0;
     }
     if (allowed < free) {
