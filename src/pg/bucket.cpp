@@ -219,17 +219,18 @@ void bucket_request_from_declaration(FunctionCallInfo fcinfo, int cost_arg,
                PG_GETARG_INT32(cost_arg), request);
 }
 
-void queue_bucket_request(const text* name, const DeclaredBucket& declared, int32 cost,
-                          BucketRequest* request) {
-    registry_make_key(EntryKind::kQueueBucket, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name), "bucket",
-                      &request->key);
+void bucket_request_for_key(const RegistryKey& key, const DeclaredBucket& declared, int32 cost,
+                            BucketRequest* request) {
+    request->key = key;
     fill_shape(declared.rate, &declared.per, declared.burst_is_null, declared.burst, cost, request);
 }
 
-void queue_kind_bucket_request(const RegistryKey& key, const DeclaredBucket& declared, int32 cost,
-                               BucketRequest* request) {
-    request->key = key;
-    fill_shape(declared.rate, &declared.per, declared.burst_is_null, declared.burst, cost, request);
+void queue_bucket_request(const text* name, const DeclaredBucket& declared, int32 cost,
+                          BucketRequest* request) {
+    RegistryKey key;
+    registry_make_key(EntryKind::kQueueBucket, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name), "bucket",
+                      &key);
+    bucket_request_for_key(key, declared, cost, request);
 }
 
 int64 bucket_take_up_to(BucketRequest request, core::Micros now, int64 want) {

@@ -30,10 +30,10 @@ void bucket_request_from_declaration(FunctionCallInfo fcinfo, int cost_arg, Buck
 void queue_bucket_request(const text* name, const DeclaredBucket& declared, int32 cost,
                           BucketRequest* request);
 
-// For the entry `key` of a queue's kind (a group's bucket) with the shape
-// `declared`, and `cost`.
-void queue_kind_bucket_request(const RegistryKey& key, const DeclaredBucket& declared, int32 cost,
-                               BucketRequest* request);
+// For the entry `key` (a queue's kind: no throttle.take reaches it) with the
+// shape `declared`, and `cost`.
+void bucket_request_for_key(const RegistryKey& key, const DeclaredBucket& declared, int32 cost,
+                            BucketRequest* request);
 
 // Takes as many units as the bucket has now, at most `want` (> 0); how many
 // it took, 0 when it is empty. Each unit taken counts as in throttle.take.

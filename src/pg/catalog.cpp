@@ -11,16 +11,15 @@ KeptPlan resource_query{
 KeptPlan bucket_query{
     "SELECT rate, per, burst FROM throttle.bucket WHERE name = $1", 1, {TEXTOID}, nullptr};
 
-KeptPlan queue_bucket_query{
-    "SELECT b.rate, b.per, b.burst, b.name FROM throttle.queue_bucket q"
-    " JOIN throttle.bucket b ON b.name = q.bucket WHERE q.queue = $1",
-    1,
-    {TEXTOID},
-    nullptr};
-
-KeptPlan group_bucket_query{
-    "SELECT b.rate, b.per, b.burst, b.name FROM throttle.group_bucket g"
-    " JOIN throttle.bucket b ON b.name = g.bucket WHERE g.queue = $1",
+// A queue's bucket and its groups' in one row (NULLs for what is not
+// declared): one statement per claim.
+KeptPlan queue_buckets_query{
+    "SELECT qb.rate, qb.per, qb.burst, qb.name, gb.rate, gb.per, gb.burst"
+    " FROM (SELECT $1::text AS queue) x"
+    " LEFT JOIN (throttle.queue_bucket q JOIN throttle.bucket qb ON qb.name = q.bucket)"
+    "   ON q.queue = x.queue"
+    " LEFT JOIN (throttle.group_bucket g JOIN throttle.bucket gb ON gb.name = g.bucket)"
+    "   ON g.queue = x.queue",
     1,
     {TEXTOID},
     nullptr};
@@ -50,29 +49,37 @@ void extract_interval(HeapTuple row, TupleDesc desc, void* ctx) {
     }
 }
 
-void extract_bucket(HeapTuple row, TupleDesc desc, void* ctx) {
-    auto* bucket = static_cast<DeclaredBucket*>(ctx);
+// The shape in columns first .. first + 2 (rate, per, burst); false when
+// rate is NULL (nothing declared: an outer join found no row).
+bool extract_shape(HeapTuple row, TupleDesc desc, int first, DeclaredBucket* bucket) {
     bool is_null = false;
-    bucket->rate = DatumGetInt32(SPI_getbinval(row, desc, 1, &is_null));
-    bucket->per = *DatumGetIntervalP(SPI_getbinval(row, desc, 2, &is_null));
-    const Datum burst = SPI_getbinval(row, desc, 3, &bucket->burst_is_null);
+    const Datum rate = SPI_getbinval(row, desc, first, &is_null);
+    if (is_null) {
+        return false;
+    }
+    bucket->rate = DatumGetInt32(rate);
+    bucket->per = *DatumGetIntervalP(SPI_getbinval(row, desc, first + 1, &is_null));
+    const Datum burst = SPI_getbinval(row, desc, first + 2, &bucket->burst_is_null);
     bucket->burst = bucket->burst_is_null ? 0 : DatumGetInt32(burst);
+    return true;
 }
 
-struct QueueBucket {
-    DeclaredBucket bucket;
-    text* name;
-};
+void extract_bucket(HeapTuple row, TupleDesc desc, void* ctx) {
+    extract_shape(row, desc, 1, static_cast<DeclaredBucket*>(ctx));
+}
 
-void extract_queue_bucket(HeapTuple row, TupleDesc desc, void* ctx) {
-    auto* found = static_cast<QueueBucket*>(ctx);
-    extract_bucket(row, desc, &found->bucket);
-    bool is_null = false;
-    const text* name = DatumGetTextPP(SPI_getbinval(row, desc, 4, &is_null));
-    const size_t size = VARSIZE_ANY_EXHDR(name) + VARHDRSZ;
-    found->name = static_cast<text*>(SPI_palloc(size));  // outlives this SPI call
-    SET_VARSIZE(found->name, size);
-    memcpy(VARDATA(found->name), VARDATA_ANY(name), size - VARHDRSZ);
+void extract_queue_buckets(HeapTuple row, TupleDesc desc, void* ctx) {
+    auto* found = static_cast<QueueBuckets*>(ctx);
+    found->queue_limited = extract_shape(row, desc, 1, &found->queue_bucket);
+    found->groups_limited = extract_shape(row, desc, 5, &found->group_bucket);
+    if (found->queue_limited) {
+        bool is_null = false;
+        const text* name = DatumGetTextPP(SPI_getbinval(row, desc, 4, &is_null));
+        const size_t size = VARSIZE_ANY_EXHDR(name) + VARHDRSZ;
+        found->queue_bucket_name = static_cast<text*>(SPI_palloc(size));  // outlives SPI
+        SET_VARSIZE(found->queue_bucket_name, size);
+        memcpy(VARDATA(found->queue_bucket_name), VARDATA_ANY(name), size - VARHDRSZ);
+    }
 }
 
 [[noreturn]] void raise_undeclared(const char* what, const text* name, const char* hint) {
@@ -104,23 +111,10 @@ DeclaredBucket declared_bucket(const text* key) {
     return bucket;
 }
 
-bool queue_bucket(const text* queue, text** name, DeclaredBucket* bucket) {
-    QueueBucket found{};
-    if (!lookup(&queue_bucket_query, queue, extract_queue_bucket, &found)) {
-        return false;
-    }
-    *name = found.name;
-    *bucket = found.bucket;
-    return true;
-}
-
-bool group_bucket(const text* queue, DeclaredBucket* bucket) {
-    QueueBucket found{};
-    if (!lookup(&group_bucket_query, queue, extract_queue_bucket, &found)) {
-        return false;
-    }
-    *bucket = found.bucket;
-    return true;
+QueueBuckets queue_buckets(const text* queue) {
+    QueueBuckets found{};
+    lookup(&queue_buckets_query, queue, extract_queue_buckets, &found);  // always one row
+    return found;
 }
 
 }  // namespace pg_throttle::pg

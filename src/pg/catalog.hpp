@@ -20,13 +20,16 @@ struct DeclaredBucket {
 // when it is not declared there.
 DeclaredBucket declared_bucket(const text* key);
 
-// The bucket that limits the claims of `queue` (throttle.queue_bucket):
-// false when none does; otherwise its name (in the memory context current at
-// the call) and shape.
-bool queue_bucket(const text* queue, text** name, DeclaredBucket* bucket);
-
-// The shape of the bucket that each group of `queue` has for itself
-// (throttle.group_bucket): false when the queue's groups have none.
-bool group_bucket(const text* queue, DeclaredBucket* bucket);
+// The buckets that limit the claims of a queue, read in one statement: its
+// own (throttle.queue_bucket; the name in the memory context current at the
+// call) and the shape of each group's (throttle.group_bucket).
+struct QueueBuckets {
+    bool queue_limited;
+    text* queue_bucket_name;
+    DeclaredBucket queue_bucket;
+    bool groups_limited;
+    DeclaredBucket group_bucket;
+};
+QueueBuckets queue_buckets(const text* queue);
 
 }  // namespace pg_throttle::pg

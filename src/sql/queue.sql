@@ -100,36 +100,12 @@ SELECT pg_catalog.pg_extension_config_dump('throttle.event_id_seq', '');
 -- superseded by a newer run of their item_key). They leave throttle.event in
 -- the transaction that finishes them, so the hot table and its indexes hold
 -- what is pending, claimed or dead, whatever the history. The columns are
--- throttle.event's, in its order; no CHECK and no identity: only the
--- functions below write here, copying rows that throttle.event checked.
+-- throttle.event's, in its order (LIKE); no default, CHECK or identity: only
+-- the functions below write here, copying rows that throttle.event checked.
 -- Its ids are throttle.event's: TRUNCATE ... RESTART IDENTITY must take both
 -- tables or neither, or a new event's id meets a finished one here.
-CREATE TABLE throttle.event_history (
-    id            bigint PRIMARY KEY,
-    queue         text NOT NULL,
-    item_key      text NOT NULL,
-    group_key     text,
-    payload       jsonb NOT NULL,
-    run_at        timestamptz NOT NULL,
-    state         text NOT NULL,
-    attempts      integer NOT NULL,
-    max_attempts  integer NOT NULL,
-    enqueued_at   timestamptz NOT NULL,
-    enqueued_by   text NOT NULL,
-    claimed_at    timestamptz,
-    claimed_by    text,
-    claim_token   bigint,
-    lease_until   timestamptz,
-    completed_at  timestamptz,
-    completed_by  text,
-    cancelled_at  timestamptz,
-    last_error    text,
-    claimed_role  oid,
-    priority      integer NOT NULL,
-    failed_at     timestamptz,
-    cancelled_by  text,
-    concurrency_key text
-);
+CREATE TABLE throttle.event_history (LIKE throttle.event);  -- its columns, NOT NULLs
+ALTER TABLE throttle.event_history ADD PRIMARY KEY (id);
 CREATE INDEX event_history_key ON throttle.event_history (queue, item_key);  -- tracing by key
 CREATE INDEX event_history_finished ON throttle.event_history (coalesce(completed_at, cancelled_at));
 COMMENT ON TABLE throttle.event_history IS

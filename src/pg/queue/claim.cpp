@@ -210,7 +210,7 @@ Datum claim(FunctionCallInfo fcinfo) {
         elog(ERROR, "SPI_connect failed");
     }
     // A rate-limited queue: no more events locked than its bucket has units for.
-    const ClaimLimit limit = claim_limit_of(PG_GETARG_TEXT_PP(0));
+    const ClaimLimit limit = claim_limits_of(PG_GETARG_TEXT_PP(0)).queue;
     const int32 max = static_cast<int32>(
         claim_limit_available(limit, DatumGetTimestampTz(now), PG_GETARG_INT32(3)));
     if (max == 0) {

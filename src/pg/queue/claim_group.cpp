@@ -344,10 +344,10 @@ uint64 claim_one_group(const GroupClaim& claim, const text* group_key, const SPI
         uncharged = DatumGetArrayTypePCopy(
             SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
     }
-    // The queue's units for no more than the group's bucket has, then the
-    // group's for no more than the queue gave: units are lost (a bucket errs
-    // on the side of fewer events) only when another claim of this group
-    // took the group's units in between.
+    // The queue's units for no more than the group's bucket has now (its
+    // rows locked), then the group's for no more than the queue gave: units
+    // are lost (a bucket errs on the side of fewer events) only when another
+    // claim of this group took the group's units in between.
     const int64 group_has = group_limit_available(*claim.group_limit, queue, group_key, claim.now,
                                                   std::min<int64>(free, claim.max));
     if (group_has == 0) {  // emptied since the look-up: pass the group over
@@ -455,15 +455,15 @@ Datum claim_group(FunctionCallInfo fcinfo) {
     const GroupPolicy policy = group_policy_for_claim(PG_GETARG_TEXT_PP(0));
     const TimestampTz now = clock_now();
     require_ends_after(now, lease, "lease");
-    const ClaimLimit limit = claim_limit_of(PG_GETARG_TEXT_PP(0));
+    const ClaimLimits limits = claim_limits_of(PG_GETARG_TEXT_PP(0));
+    const ClaimLimit& limit = limits.queue;
     if (claim_limit_available(limit, now, 1) == 0) {  // an empty bucket: no group now
         InitMaterializedSRF(fcinfo, 0);
         SPI_finish();
         return static_cast<Datum>(0);
     }
-    const GroupLimit group_limit = group_limit_of(PG_GETARG_TEXT_PP(0));
     const GroupClaim claim{&limit,
-                           &group_limit,
+                           &limits.groups,
                            policy,
                            max,
                            PG_GETARG_DATUM(0),

@@ -15,8 +15,8 @@
 // A queue named in throttle.group_bucket also gives each group a bucket of
 // its own, of the declared shape: an entry of kind kQueueGroupBucket named
 // after the queue and the group (as the group's lease is, group_lease.hpp).
-// claim_group takes a group's units before the queue's, and passes over a
-// group whose bucket is empty.
+// claim_group passes over a group whose bucket is empty, and takes the
+// queue's units for no more than the group's bucket has, then the group's.
 #pragma once
 
 #include "pg/bucket.hpp"
@@ -27,9 +27,6 @@ struct ClaimLimit {
     bool limited;  // false: no bucket limits the queue
     BucketRequest bucket;
 };
-
-// The limit of `queue`'s claims. Inside SPI_connect.
-ClaimLimit claim_limit_of(const text* queue);
 
 // How many of `wanted` (> 0) events the bucket has units for at `now`,
 // without taking them: `wanted` when the queue is not limited.
@@ -44,8 +41,14 @@ struct GroupLimit {
     DeclaredBucket declared;
 };
 
-// The limit of each group of `queue`. Inside SPI_connect.
-GroupLimit group_limit_of(const text* queue);
+struct ClaimLimits {
+    ClaimLimit queue;
+    GroupLimit groups;
+};
+
+// The limits of `queue`'s claims and of each of its groups, from one
+// catalog statement. Inside SPI_connect.
+ClaimLimits claim_limits_of(const text* queue);
 
 // As claim_limit_available and claim_limit_take, for the bucket of the group
 // `group_key` of `queue`.
