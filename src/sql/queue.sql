@@ -65,7 +65,11 @@ CREATE UNIQUE INDEX event_pending_key ON throttle.event (queue, item_key)
     WHERE state = 'pending';
 CREATE INDEX event_claimed_key ON throttle.event (queue, item_key)
     WHERE state = 'claimed';
-CREATE INDEX event_due_single ON throttle.event (queue, priority DESC, run_at, id)
+-- Ascending priority: claim finds the highest priority by a backward scan,
+-- which starts at the newest events of that priority; a forward scan (or a
+-- DESC column) would start at the oldest, past every entry that claims left
+-- dead there until vacuum.
+CREATE INDEX event_due_single ON throttle.event (queue, priority, run_at, id)
     WHERE state = 'pending' AND group_key IS NULL;
 CREATE INDEX event_due_grouped ON throttle.event (queue, run_at, id)
     WHERE state = 'pending' AND group_key IS NOT NULL;

@@ -1,6 +1,6 @@
 -- The event queue: signatures, error codes, privileges, index use.
 BEGIN;
-SELECT plan(44);
+SELECT plan(45);
 SET LOCAL pg_throttle.test_clock = '2038-01-01 00:00:00+00';
 
 SELECT has_table('throttle', 'event', 'catalog table throttle.event');
@@ -97,9 +97,14 @@ BEGIN
 END
 $$;
 SELECT alike(pg_temp.plan_of($$SELECT id FROM throttle.event WHERE queue = 'tap.big' AND state = 'pending'
-                                AND group_key IS NULL AND run_at <= now()
-                                ORDER BY priority DESC, run_at, id LIMIT 10 FOR UPDATE SKIP LOCKED$$),
+                                AND group_key IS NULL AND priority = 0 AND run_at <= now()
+                                ORDER BY run_at, id LIMIT 10 FOR UPDATE SKIP LOCKED$$),
     '%Index Scan using event_due_single%', 'claim''s due scan reads only ungrouped events, by index');
+SELECT alike(pg_temp.plan_of($$SELECT priority FROM throttle.event WHERE queue = 'tap.big'
+                                AND state = 'pending' AND group_key IS NULL
+                                ORDER BY priority DESC LIMIT 1$$),
+    '%Index Only Scan Backward using event_due_single%',
+    'claim''s priority probe starts at the newest events, past the entries claims left dead');
 SELECT alike(pg_temp.plan_of($$SELECT group_key FROM throttle.event WHERE queue = 'tap.big' AND state = 'pending'
                                 AND group_key IS NOT NULL AND run_at <= now()
                                 AND (run_at, id) > ('-infinity', 0) ORDER BY run_at, id LIMIT 64$$),

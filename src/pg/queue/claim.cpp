@@ -66,18 +66,23 @@ KeptPlan expired_claims{
     nullptr};
 
 // What a claim reads first: the highest priority of the pending ungrouped
-// events, and the keys the snapshot shows full.
+// events, and the keys the snapshot shows full. The priority is found by a
+// backward scan of event_due_single (ORDER BY ... DESC LIMIT 1 keeps the
+// generic plan on it whatever the statistics said): it starts at the newest
+// events of the highest priority, not at the oldest, where claims leave dead
+// entries until vacuum.
 KeptPlan claim_start{
-    "SELECT (SELECT max(e.priority) FROM throttle.event e"
-    "        WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS "
-    "NULL), " PG_THROTTLE_FULL_CONCURRENCY_KEYS,
+    "SELECT (SELECT e.priority FROM throttle.event e"
+    "        WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL"
+    "        ORDER BY e.priority DESC LIMIT 1), " PG_THROTTLE_FULL_CONCURRENCY_KEYS,
     2,
     {TEXTOID, TIMESTAMPTZOID},
     nullptr};
 
 KeptPlan next_priority{
-    "SELECT max(e.priority) FROM throttle.event e"
-    " WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL AND e.priority < $2",
+    "SELECT (SELECT e.priority FROM throttle.event e"
+    "        WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL"
+    "          AND e.priority < $2 ORDER BY e.priority DESC LIMIT 1)",
     2,
     {TEXTOID, INT4OID},
     nullptr};

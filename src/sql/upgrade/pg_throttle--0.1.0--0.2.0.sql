@@ -23,7 +23,7 @@ COMMENT ON COLUMN throttle.event.claimed_role IS 'The role that made the current
 ALTER TABLE throttle.event ADD COLUMN priority integer NOT NULL DEFAULT 0;
 COMMENT ON COLUMN throttle.event.priority IS 'throttle.claim takes due events with a higher priority first, then the oldest.';
 DROP INDEX throttle.event_due_single;
-CREATE INDEX event_due_single ON throttle.event (queue, priority DESC, run_at, id)
+CREATE INDEX event_due_single ON throttle.event (queue, priority, run_at, id)
     WHERE state = 'pending' AND group_key IS NULL;
 
 -- Traceability: when the last attempt failed, who cancelled.
