@@ -54,15 +54,19 @@ def timed(conn, sql, params=None, wait=10):
 def while_held(holder, caller, sql, params=None):
     """Runs sql on caller while holder's transaction stays open; once sql
     waits for a lock (pg_stat_activity says so, within 10 s), commits
-    holder's transaction and returns what sql did (as timed() does)."""
+    holder's transaction and returns what sql did (as timed() does), with
+    result["waited"]: whether sql was seen waiting for the lock."""
     pid = one(caller, "SELECT pg_backend_pid()")[0]
     watcher = connect()
     result, _, thread = timed(caller, sql, params, wait=0)
     deadline = time.monotonic() + 10
+    waited = False
     while thread.is_alive() and time.monotonic() < deadline:
         if one(watcher, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,))[0]:
+            waited = True
             break
         time.sleep(0.02)
+    result["waited"] = waited
     holder.commit()
     thread.join(timeout=30)
     watcher.close()
@@ -105,7 +109,7 @@ def claim_group_during(tap, admin, queue, change, what):
 
 
 def main():
-    tap = Tap(45)
+    tap = Tap(48)
     admin = connect()
     cur = admin.cursor()
 
@@ -355,6 +359,51 @@ def main():
             ([(1,)], 1), "two transactions completing halves of one group claim leave the group free")
     t1.close()
     t2.close()
+
+    # 37b: a complete of the whole group claim and a complete of part of it,
+    # in either order, one transaction held open: the second waits for the
+    # first, no event is completed twice, and the group is free after both.
+    for queue, first, second, name in (("d.whole1", slice(0, 3), slice(1, 2), "whole, then part"),
+                                       ("d.whole2", slice(1, 2), slice(0, 3), "part, then whole")):
+        cur.execute("SELECT throttle.schedule(%s, 'e' || g, now(), group_key => 'g') "
+                    "FROM generate_series(1, 3) g", (queue,))
+        claimed = one(admin, "SELECT array_agg(id ORDER BY id), min(claim_token) "
+                             "FROM throttle.claim_group(%s, 'w1', '1 hour')", (queue,))
+        t1 = connect(autocommit=False)
+        done_first = one(t1, "SELECT throttle.complete(%s::bigint[], %s)",
+                         (claimed[0][first], claimed[1]))[0]
+        t2 = connect()
+        result = while_held(t1, t2, "SELECT throttle.complete(%s::bigint[], %s)",
+                            (claimed[0][second], claimed[1]))
+        cur.execute("SELECT throttle.schedule(%s, 'e4', now(), group_key => 'g')", (queue,))
+        tap.is_((done_first + result.get("rows", [(None,)])[0][0], result.get("waited"),
+                 one(b, "SELECT count(*) FROM throttle.claim_group(%s, 'w2', '1 minute')", (queue,))[0],
+                 one(admin, "SELECT count(*) FROM throttle.event_history WHERE queue = %s", (queue,))[0]),
+                (3, True, 1, 3),
+                f"complete of a group claim, {name}: each event completed once, the group free after")
+        t1.close()
+        t2.close()
+
+    # 37c: a complete that ends a group claim NOTIFYs the group's events that
+    # came due while it was held.
+    fresh(cur, "d.wake")
+    cur.execute("SELECT throttle.schedule('d.wake', 'e1', now(), group_key => 'g')")
+    held = one(admin, "SELECT array_agg(id), min(claim_token) FROM throttle.claim_group('d.wake', 'w1', '1 hour')")
+    listener = connect()
+    listener.cursor().execute('LISTEN "d.wake"')
+    arrived = one(admin, "SELECT throttle.schedule('d.wake', 'e2', now(), group_key => 'g')")[0]
+    time.sleep(0.2)
+    listener.poll()
+    listener.notifies.clear()
+    one(admin, "SELECT throttle.complete(%s::bigint[], %s)", (held[0], held[1]))
+    heard = []
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not heard:
+        time.sleep(0.05)
+        listener.poll()
+        heard = [int(n.payload) for n in listener.notifies]
+    tap.is_(heard, [arrived], "complete that frees a group notifies the event that came due while it was held")
+    listener.close()
 
     # 38: a claim that expired while a newer run of its item_key waits is
     # not run again with its old payload: the newer run replaces it.

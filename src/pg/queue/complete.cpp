@@ -2,11 +2,11 @@
 // `token` still holds, natively (kept plans, kept_plan.hpp), and moves them
 // to throttle.event_history.
 //
-//  1. Locks, in id order, those events and, when some belong to a group,
-//     every other event of their group claims, as throttle._lock_claim does
-//     for fail and extend: all three lock in one order, so they never deadlock on one
-//     claim, and two transactions that each finish part of a group claim
-//     see each other's end (the last one releases the group).
+//  1. Locks, in id order, those events and, when their group claims hold
+//     others, every other event of those claims, as throttle._lock_claim
+//     does for fail and extend: all three lock in one order, so they never
+//     deadlock on one claim, and two transactions that each finish part of
+//     a group claim see each other's end (the last one releases the group).
 //  2. Moves them to throttle.event_history, done, if the caller may act for
 //     the claim's role.
 //  3. Releases, at commit, the leases of group claims with nothing left
@@ -18,20 +18,33 @@
 #include "pg/clock.hpp"
 #include "pg/kept_plan.hpp"
 #include "pg/queue/event_rows.hpp"
+#include "pg/queue/group_lease.hpp"
+#include "pg/queue/group_lease_xact.hpp"
 #include "pg/registry.hpp"
 
 namespace pg_throttle::pg {
 namespace {
 
-// Whether any of the events belongs to a group (group_key never changes).
-KeptPlan any_grouped{
-    "SELECT EXISTS (SELECT 1 FROM throttle.event e WHERE e.id = ANY ($1) AND e.group_key IS NOT "
-    "NULL)",
-    1,
-    {INT8ARRAYOID},
+// Whether the group claims of the events hold events besides them. A
+// claim's events are fixed when it is made and can only leave it, so a
+// snapshot that shows none besides them stays right until the commit: then
+// locking the events alone, in id order, is step 1, and lock_claim's group
+// join (for a whole group, twice the cost of the rest of the lock) is not
+// needed.
+KeptPlan claim_holds_others{
+    "SELECT EXISTS (SELECT 1 FROM (SELECT DISTINCT e.queue, e.group_key FROM throttle.event e"
+    "                        WHERE e.id = ANY ($1) AND e.group_key IS NOT NULL"
+    "                          AND e.claim_token = $2) AS c"
+    "         JOIN throttle.event x"  // event_groups
+    "           ON x.queue = c.queue AND x.group_key = c.group_key AND x.claim_token = $2"
+    "          AND x.state IN ('pending', 'claimed') AND upper(x.state) = 'CLAIMED'"
+    "          AND x.group_key IS NOT NULL AND x.id <> ALL ($1))",
+    2,
+    {INT8ARRAYOID, INT8OID},
     nullptr};
 
-// Ungrouped events only: those of the claim, in id order.
+// The events of the claim, in id order: ungrouped events, or grouped ones
+// whose group claims hold nothing else.
 KeptPlan lock_events{
     "SELECT 1 FROM throttle.event g"
     " WHERE g.id = ANY ($1) AND upper(g.state) = 'CLAIMED' AND g.claim_token = $2"
@@ -42,8 +55,9 @@ KeptPlan lock_events{
     {INT8ARRAYOID, INT8OID},
     nullptr};
 
-// With grouped events: throttle._lock_claim's statement, which adds the
-// other events of their group claims (one id order for all). The rows are
+// With grouped events whose claims hold others: throttle._lock_claim's
+// statement, which adds the other events of their group claims (one id
+// order for all). The rows are
 // found by primary key and the group's by event_groups, never through the
 // partial indexes on state = 'claimed', which statistics of an idle moment
 // count as nearly empty and which under churn hold many dead entries.
@@ -99,17 +113,59 @@ enum DoneColumn : int {
     kConcurrencyKey = 8
 };
 
-// The group claims of the events just done: _release_groups reads their
-// queue, group_key and claim_token.
-KeptPlan release_groups{
-    "SELECT throttle._release_groups(array_agg(jsonb_populate_record(NULL::throttle.event,"
-    "           jsonb_build_object('queue', f.queue, 'group_key', f.group_key,"
-    "                              'claim_token', f.claim_token))))"
-    " FROM unnest($1::text[], $2::text[], $3::bigint[]) AS f(queue, group_key, claim_token)"
-    " WHERE f.group_key IS NOT NULL",
+// Of the group claims of the events just done, those with nothing left
+// claimed: throttle._release_groups's test, which complete runs itself (as
+// it runs _notify_successors's statements, below). The rows are found by
+// event_groups, never through the partial indexes on state.
+KeptPlan groups_left_empty{
+    "SELECT f.queue, f.group_key, f.claim_token"
+    " FROM (SELECT DISTINCT u.queue, u.group_key, u.claim_token"
+    "       FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(queue, group_key, claim_token)"
+    "       WHERE u.group_key IS NOT NULL) AS f"
+    " WHERE NOT EXISTS (SELECT 1 FROM throttle.event e"  // event_groups
+    "                   WHERE e.queue = f.queue AND e.group_key = f.group_key"
+    "                     AND e.state IN ('pending', 'claimed') AND upper(e.state) = 'CLAIMED'"
+    "                     AND e.group_key IS NOT NULL AND e.claim_token = f.claim_token)",
     3,
     {TEXTARRAYOID, TEXTARRAYOID, INT8ARRAYOID},
     nullptr};
+enum EmptyGroupColumn : int { kEmptyQueue = 1, kEmptyGroupKey = 2, kEmptyToken = 3 };
+
+// The due events of the groups released: they can be had once the commit
+// frees the groups.
+KeptPlan notify_released_groups{
+    "SELECT pg_notify(x.queue, x.id::text)"
+    " FROM unnest($1::text[], $2::text[]) AS g(queue, group_key)"
+    " JOIN throttle.event x"  // event_groups
+    "   ON x.queue = g.queue AND x.group_key = g.group_key AND x.group_key IS NOT NULL"
+    "  AND x.state IN ('pending', 'claimed') AND upper(x.state) = 'PENDING' AND x.run_at <= $3",
+    3,
+    {TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID},
+    nullptr};
+
+// Releases, at commit, the group leases of the claims in SPI_tuptable
+// (groups_left_empty's rows), and NOTIFYs their groups' due events.
+void release_groups_left_empty(Datum now) {
+    const uint64 n = SPI_processed;
+    if (n == 0) {
+        return;
+    }
+    SPITupleTable* rows = SPI_tuptable;
+    for (uint64 i = 0; i < n; ++i) {
+        bool is_null = false;
+        const Datum queue = SPI_getbinval(rows->vals[i], rows->tupdesc, kEmptyQueue, &is_null);
+        const Datum group = SPI_getbinval(rows->vals[i], rows->tupdesc, kEmptyGroupKey, &is_null);
+        const Datum token = SPI_getbinval(rows->vals[i], rows->tupdesc, kEmptyToken, &is_null);
+        RegistryKey key;
+        if (group_lease_find(DatumGetTextPP(queue), DatumGetTextPP(group), DatumGetInt64(token),
+                             &key)) {
+            group_lease_release_at_commit(key, DatumGetInt64(token));
+        }
+    }
+    Datum notify_args[3] = {PointerGetDatum(spi_column(kEmptyQueue, TEXTOID)),
+                            PointerGetDatum(spi_column(kEmptyGroupKey, TEXTOID)), now};
+    run_kept_plan(&notify_released_groups, notify_args, nullptr, SPI_OK_SELECT);
+}
 
 // throttle._notify_successors's statement, for the (queue, item_key) pairs
 // of the events done. complete runs these statements itself instead of
@@ -153,11 +209,11 @@ Datum complete(FunctionCallInfo fcinfo) {
     }
     const Datum now = TimestampTzGetDatum(clock_now());
     Datum lock_args[2] = {ids, token};
-    run_kept_plan(&any_grouped, lock_args, nullptr, SPI_OK_SELECT, 1);
+    run_kept_plan(&claim_holds_others, lock_args, nullptr, SPI_OK_SELECT, 1);
     bool is_null = false;
-    const bool may_be_grouped =
+    const bool holds_others =
         DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
-    run_kept_plan(may_be_grouped ? &lock_claim : &lock_events, lock_args, nullptr, SPI_OK_SELECT);
+    run_kept_plan(holds_others ? &lock_claim : &lock_events, lock_args, nullptr, SPI_OK_SELECT);
     Datum done_args[3] = {ids, token, now};
     run_kept_plan(&move_done, done_args, nullptr, SPI_OK_INSERT_RETURNING);
     const uint64 completed = SPI_processed;
@@ -179,7 +235,8 @@ Datum complete(FunctionCallInfo fcinfo) {
             keyed ? PointerGetDatum(spi_column(kConcurrencyKey, TEXTOID)) : 0;
         if (grouped) {
             Datum group_args[3] = {queues, group_keys, tokens};
-            run_kept_plan(&release_groups, group_args, nullptr, SPI_OK_SELECT);
+            run_kept_plan(&groups_left_empty, group_args, nullptr, SPI_OK_SELECT);
+            release_groups_left_empty(now);
         }
         Datum notify_args[3] = {queues, item_keys, now};
         run_kept_plan(&notify_successors, notify_args, nullptr, SPI_OK_SELECT);
