@@ -700,49 +700,8 @@ REVOKE EXECUTE ON FUNCTION throttle._lock_concurrency_key(text, text) FROM PUBLI
 
 CREATE FUNCTION throttle.extend(ids bigint[], token bigint, lease interval)
 RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    now timestamptz := throttle.now();
-    extended integer;
-    g record;
-BEGIN
-    PERFORM throttle._require(ids, 'ids'), throttle._require(token, 'token');
-    PERFORM throttle._positive(lease, 'lease');
-    IF now + lease <= now THEN
-        RAISE EXCEPTION 'lease must end after now' USING ERRCODE = 'invalid_parameter_value',
-              DETAIL = 'Added to now on the calendar, it ends at or before now.',
-              HINT = 'Give it in days, hours or less rather than months minus days.';
-    END IF;
-    -- A keyed claim: its keys' locks first (shared: a claim in progress
-    -- holds one exclusively), then its rows, then the clock, so that no
-    -- claim in progress has counted this one as ended. Keys never change.
-    PERFORM throttle._lock_concurrency_key(k.queue, k.concurrency_key)
-    FROM (SELECT DISTINCT e.queue, e.concurrency_key FROM throttle.event e
-          WHERE e.id = ANY (ids) AND e.claim_token = token AND e.concurrency_key IS NOT NULL
-            AND upper(e.state) = 'CLAIMED' AND throttle._acts_as(e.claimed_role)
-          ORDER BY e.queue, e.concurrency_key) AS k;
-    PERFORM throttle._lock_claim(ids, token);
-    now := throttle.now();
-    -- A claim whose lease has ended is not revived: another worker may be
-    -- claiming its events at this moment.
-    UPDATE throttle.event e SET lease_until = now + lease
-    WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
-      AND e.lease_until > now AND throttle._acts_as(e.claimed_role);
-    GET DIAGNOSTICS extended = ROW_COUNT;
-    IF extended > 0 THEN
-        PERFORM throttle._durable_commit();
-    END IF;
-    FOR g IN SELECT DISTINCT e.queue, e.group_key FROM throttle.event e
-             WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
-               AND e.lease_until = now + lease  -- extended just now
-               AND e.group_key IS NOT NULL AND throttle._acts_as(e.claimed_role)
-    LOOP
-        PERFORM throttle._group_renew(g.queue, g.group_key, token, lease);
-    END LOOP;
-    RETURN extended;
-END
-$$;
+AS 'MODULE_PATHNAME', 'pg_throttle_extend'
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION throttle.extend(bigint[], bigint, interval) IS
     'Extends the claim token on the events to lease from now (and the group''s lease), by the claim''s role, while its lease holds: a claim whose lease has ended is not revived. Returns how many.';
 
