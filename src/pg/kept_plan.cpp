@@ -11,8 +11,9 @@ SPIPlanPtr kept_plan(KeptPlan* query) {
         // A generic plan, made once: the queue's statements find their rows
         // along one index whatever the parameters, and a custom plan per
         // call would cost more than the statement itself.
-        SPIPlanPtr plan = SPI_prepare_cursor(query->sql, query->nargs, query->argtypes,
-                                             query->custom_plans ? 0 : CURSOR_OPT_GENERIC_PLAN);
+        SPIPlanPtr plan = SPI_prepare_cursor(
+            query->sql, query->nargs, query->argtypes,
+            query->custom_plans ? CURSOR_OPT_CUSTOM_PLAN : CURSOR_OPT_GENERIC_PLAN);
         if (plan == nullptr) {
             elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
         }

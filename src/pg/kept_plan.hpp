@@ -14,9 +14,8 @@ struct KeptPlan {
     int nargs;
     Oid argtypes[kMaxPlanArgs];
     SPIPlanPtr plan;  // nullptr until first use
-    // Let PostgreSQL plan each call for its parameters when a custom plan
-    // beats the generic one (its default for prepared statements), for a
-    // statement whose best plan depends on them.
+    // Plan each call for its parameters (whatever plan_cache_mode says),
+    // for a statement whose best plan depends on them.
     bool custom_plans = false;
 };
 

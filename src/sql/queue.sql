@@ -273,8 +273,8 @@ COMMENT ON FUNCTION throttle._positive(interval, text) IS 'Internal: raises 2200
 
 -- A group's lease: in shared memory, a kind of its own (no throttle.lock name
 -- reaches it), not journaled: the claimed rows are the durable truth.
--- claim_group takes it natively (src/pg/queue/claim_group.cpp); these end
--- and renew it.
+-- claim_group takes it natively (src/pg/queue/claim_group.cpp), extend
+-- renews it natively (extend.cpp); these end it.
 CREATE FUNCTION throttle._group_release(queue text, group_key text, token bigint)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'pg_throttle_group_release'
@@ -290,14 +290,6 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION throttle._group_release_at_commit(text, text, bigint) IS
     'Internal: releases a group''s lease held with token when the calling transaction commits.';
 REVOKE EXECUTE ON FUNCTION throttle._group_release_at_commit(text, text, bigint) FROM PUBLIC;
-
-CREATE FUNCTION throttle._group_renew(queue text, group_key text, token bigint, lease interval)
-RETURNS boolean
-AS 'MODULE_PATHNAME', 'pg_throttle_group_renew'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION throttle._group_renew(text, text, bigint, interval) IS
-    'Internal: extends a group''s lease held with token to lease from now.';
-REVOKE EXECUTE ON FUNCTION throttle._group_renew(text, text, bigint, interval) FROM PUBLIC;
 
 CREATE FUNCTION throttle._caller()
 RETURNS text
@@ -319,14 +311,6 @@ AS 'MODULE_PATHNAME', 'pg_throttle_acts_as'
 LANGUAGE C VOLATILE PARALLEL SAFE;
 COMMENT ON FUNCTION throttle._acts_as(oid) IS
     'Internal: whether the calling role has the privileges of role (a claim''s); NULL or a dropped role: superusers only.';
-
-CREATE FUNCTION throttle._durable_commit()
-RETURNS void
-AS 'MODULE_PATHNAME', 'pg_throttle_durable_commit'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION throttle._durable_commit() IS
-    'Internal: makes the calling transaction''s commit wait for its flush (and the synchronous standbys), whatever synchronous_commit says: a claim or an extended lease is a promise.';
-REVOKE EXECUTE ON FUNCTION throttle._durable_commit() FROM PUBLIC;
 
 -- What schedule and schedule_many check of their common arguments (not NULL).
 CREATE FUNCTION throttle._check_schedule(queue text, max_attempts integer, on_duplicate text)
@@ -741,29 +725,30 @@ COMMENT ON FUNCTION throttle._newer_run_committed(text) IS
 CREATE FUNCTION throttle._lock_claim(ids bigint[], token bigint)
 RETURNS void
 LANGUAGE plpgsql
--- Planned for the ids given: a generic plan made while the table was small
--- joins every row to every id (10 000 ids: seconds).
-SET plan_cache_mode = force_custom_plan AS $$
+-- By primary key, linear in the ids, as src/pg/queue/claim_lock.cpp does
+-- for complete and extend: a plan that reads the whole table and tests each
+-- row against the ids takes seconds for 10 000 of them.
+SET enable_seqscan = off AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM 1 FROM throttle.event g
-    WHERE g.id IN (SELECT unnest(ids)
-                   UNION
-                   SELECT x.id
-                   FROM (SELECT DISTINCT e.queue, e.group_key FROM throttle.event e
-                         WHERE e.id = ANY (ids) AND e.group_key IS NOT NULL
-                           AND e.claim_token = token) AS c  -- each group once, not once per event
-                   JOIN throttle.event x  -- event_groups
-                     ON x.queue = c.queue AND x.group_key = c.group_key AND x.claim_token = token
-                    AND x.state IN ('pending', 'claimed') AND upper(x.state) = 'CLAIMED'
-                    AND x.group_key IS NOT NULL)
+    WHERE g.id = ANY (ARRAY(SELECT unnest(ids)
+                            UNION
+                            SELECT x.id
+                            FROM (SELECT DISTINCT e.queue, e.group_key FROM throttle.event e
+                                  WHERE e.id = ANY (ids) AND e.group_key IS NOT NULL
+                                    AND e.claim_token = token) AS c  -- each group once
+                            JOIN throttle.event x  -- event_groups
+                              ON x.queue = c.queue AND x.group_key = c.group_key
+                             AND x.claim_token = token AND x.state IN ('pending', 'claimed')
+                             AND upper(x.state) = 'CLAIMED' AND x.group_key IS NOT NULL))
       AND upper(g.state) = 'CLAIMED' AND g.claim_token = token AND throttle._acts_as(g.claimed_role)
     ORDER BY g.id
     FOR UPDATE OF g;
 END
 $$;
 COMMENT ON FUNCTION throttle._lock_claim(bigint[], bigint) IS
-    'Internal: locks a claim''s events in id order before complete, fail or extend changes them.';
+    'Internal: locks a claim''s events in id order before fail changes them (complete and extend lock them natively, in the same order).';
 
 -- Due pending runs of the item_keys of `ended` (scheduled while those ran):
 -- claimable now, so their queue's channel hears of them.
@@ -789,7 +774,8 @@ COMMENT ON FUNCTION throttle._notify_successors(throttle.event[]) IS
 CREATE FUNCTION throttle.complete(ids bigint[], token bigint)
 RETURNS integer
 AS 'MODULE_PATHNAME', 'pg_throttle_complete'
-LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off;  -- its statements reach events by primary key (claim_lock.cpp)
 COMMENT ON FUNCTION throttle.complete(bigint[], bigint) IS
     'Marks the events done, if the claim token still holds them and the caller is the claim''s role (or may act for it); returns how many. A worker whose claim was taken over gets 0.';
 
@@ -905,7 +891,8 @@ REVOKE EXECUTE ON FUNCTION throttle._lock_concurrency_key(text, text) FROM PUBLI
 CREATE FUNCTION throttle.extend(ids bigint[], token bigint, lease interval)
 RETURNS integer
 AS 'MODULE_PATHNAME', 'pg_throttle_extend'
-LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off;  -- its statements reach events by primary key (claim_lock.cpp)
 COMMENT ON FUNCTION throttle.extend(bigint[], bigint, interval) IS
     'Extends the claim token on the events to lease from now (and the group''s lease), by the claim''s role, while its lease holds: a claim whose lease has ended is not revived. Returns how many.';
 

@@ -373,7 +373,6 @@ def privileges(tap):
         ("SELECT throttle.checkpoint()", "write a checkpoint"),
         ("SELECT throttle.purge('1 day')", "purge the event queue"),
         ("SELECT throttle._group_release('sec.q', 'g1', 1)", "release a queue group"),
-        ("SELECT throttle._group_renew('sec.q', 'g1', 1, '1 minute')", "renew a queue group"),
         ("SET pg_throttle.database_quota = 100", "raise the database quota"),
         ("INSERT INTO throttle.event_attempt (event_id, attempt, ended_at, outcome) "
          "SELECT id, 1, now(), 'failed' FROM throttle.event LIMIT 1", "forge an attempt"),
@@ -392,7 +391,7 @@ def privileges(tap):
 
 
 def main():
-    tap = Tap(55)
+    tap = Tap(54)
     admin = connect()
     setup(admin)
     admin_a = superuser_in(DB_A)

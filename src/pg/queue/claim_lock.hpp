@@ -12,7 +12,8 @@ namespace pg_throttle::pg {
 
 // Locks (FOR UPDATE) the events `ids` (bigint[]) that the claim `token`
 // (bigint) holds and that the caller may act for, and the other events of
-// their group claims when there are any. Inside SPI_connect.
+// their group claims when there are any. Inside SPI_connect, with
+// enable_seqscan off (claim_lock.cpp says why).
 void lock_claim_events(Datum ids, Datum token);
 
 }  // namespace pg_throttle::pg

@@ -111,7 +111,7 @@ void release_groups_left_empty(Datum now) {
 
 // throttle._notify_successors's statement, for the (queue, item_key) pairs
 // of the events done. complete runs these statements itself instead of
-// calling the PL/pgSQL helpers that fail and extend call: each helper call
+// calling the PL/pgSQL helpers that fail calls: each helper call
 // cost more than its statement (claim + complete ran at 1 950 rather than
 // 3 000 jobs/s through them).
 KeptPlan notify_successors{

@@ -1,5 +1,4 @@
-// require_durable_commit(), and throttle._durable_commit() for the queue's
-// PL/pgSQL functions (claim_group, extend).
+// require_durable_commit(), for claim, claim_group and extend.
 #include "pg/queue/durable_commit.hpp"
 
 #include "pg/boundary.hpp"
@@ -15,15 +14,4 @@ void require_durable_commit() {
     }
 }
 
-namespace {
-
-// () -> void
-Datum durable_commit(FunctionCallInfo /*fcinfo*/) {
-    require_durable_commit();
-    PG_RETURN_VOID();
-}
-
-}  // namespace
 }  // namespace pg_throttle::pg
-
-PG_THROTTLE_SQL_FUNCTION(pg_throttle_durable_commit, pg_throttle::pg::durable_commit)

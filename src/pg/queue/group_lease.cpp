@@ -1,7 +1,8 @@
 // The lease that holds a group of the event queue: taken by claim_group
-// (claim_group.cpp), and ended or renewed by throttle._group_release,
-// _group_release_at_commit, _group_renew and _group_reset. Internal: called by
-// the queue's SECURITY DEFINER functions, not granted to PUBLIC.
+// (claim_group.cpp), renewed by extend (extend.cpp), and ended by
+// throttle._group_release, _group_release_at_commit and _group_reset.
+// Internal: called by the queue's SECURITY DEFINER functions, not granted
+// to PUBLIC.
 //
 // Groups have a kind of their own (EntryKind::kQueueGroup), so no name given
 // to throttle.lock can reach them. They are not journaled: the claimed rows
@@ -169,7 +170,10 @@ Datum group_reset(FunctionCallInfo fcinfo) {
     PG_RETURN_BOOL(held);
 }
 
-// (queue, group_key, token, lease) -> renewed.
+// (queue, group_key, token, lease) -> renewed. 0.2.0 has no SQL function for
+// it (extend renews natively); the symbol stays for 0.1.0's
+// throttle._group_renew, which that version's extend calls until ALTER
+// EXTENSION pg_throttle UPDATE has run.
 Datum group_renew(FunctionCallInfo fcinfo) {
     registry_require();
     RegistryKey key;

@@ -275,14 +275,6 @@ LANGUAGE C VOLATILE PARALLEL SAFE;
 COMMENT ON FUNCTION throttle._acts_as(oid) IS
     'Internal: whether the calling role has the privileges of role (a claim''s); NULL or a dropped role: superusers only.';
 
-CREATE FUNCTION throttle._durable_commit()
-RETURNS void
-AS 'MODULE_PATHNAME', 'pg_throttle_durable_commit'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION throttle._durable_commit() IS
-    'Internal: makes the calling transaction''s commit wait for its flush (and the synchronous standbys), whatever synchronous_commit says: a claim or an extended lease is a promise.';
-REVOKE EXECUTE ON FUNCTION throttle._durable_commit() FROM PUBLIC;
-
 CREATE FUNCTION throttle._check_schedule(queue text, max_attempts integer, on_duplicate text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
@@ -539,29 +531,30 @@ COMMENT ON FUNCTION throttle._newer_run_committed(text) IS
 CREATE FUNCTION throttle._lock_claim(ids bigint[], token bigint)
 RETURNS void
 LANGUAGE plpgsql
--- Planned for the ids given: a generic plan made while the table was small
--- joins every row to every id (10 000 ids: seconds).
-SET plan_cache_mode = force_custom_plan AS $$
+-- By primary key, linear in the ids, as src/pg/queue/claim_lock.cpp does
+-- for complete and extend: a plan that reads the whole table and tests each
+-- row against the ids takes seconds for 10 000 of them.
+SET enable_seqscan = off AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM 1 FROM throttle.event g
-    WHERE g.id IN (SELECT unnest(ids)
-                   UNION
-                   SELECT x.id
-                   FROM (SELECT DISTINCT e.queue, e.group_key FROM throttle.event e
-                         WHERE e.id = ANY (ids) AND e.group_key IS NOT NULL
-                           AND e.claim_token = token) AS c  -- each group once, not once per event
-                   JOIN throttle.event x  -- event_groups
-                     ON x.queue = c.queue AND x.group_key = c.group_key AND x.claim_token = token
-                    AND x.state IN ('pending', 'claimed') AND upper(x.state) = 'CLAIMED'
-                    AND x.group_key IS NOT NULL)
+    WHERE g.id = ANY (ARRAY(SELECT unnest(ids)
+                            UNION
+                            SELECT x.id
+                            FROM (SELECT DISTINCT e.queue, e.group_key FROM throttle.event e
+                                  WHERE e.id = ANY (ids) AND e.group_key IS NOT NULL
+                                    AND e.claim_token = token) AS c  -- each group once
+                            JOIN throttle.event x  -- event_groups
+                              ON x.queue = c.queue AND x.group_key = c.group_key
+                             AND x.claim_token = token AND x.state IN ('pending', 'claimed')
+                             AND upper(x.state) = 'CLAIMED' AND x.group_key IS NOT NULL))
       AND upper(g.state) = 'CLAIMED' AND g.claim_token = token AND throttle._acts_as(g.claimed_role)
     ORDER BY g.id
     FOR UPDATE OF g;
 END
 $$;
 COMMENT ON FUNCTION throttle._lock_claim(bigint[], bigint) IS
-    'Internal: locks a claim''s events in id order before complete, fail or extend changes them.';
+    'Internal: locks a claim''s events in id order before fail changes them (complete and extend lock them natively, in the same order).';
 
 CREATE FUNCTION throttle._notify_successors(ended throttle.event[])
 RETURNS void
@@ -585,7 +578,8 @@ COMMENT ON FUNCTION throttle._notify_successors(throttle.event[]) IS
 CREATE FUNCTION throttle.complete(ids bigint[], token bigint)
 RETURNS integer
 AS 'MODULE_PATHNAME', 'pg_throttle_complete'
-LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off;  -- its statements reach events by primary key (claim_lock.cpp)
 COMMENT ON FUNCTION throttle.complete(bigint[], bigint) IS
     'Marks the events done, if the claim token still holds them and the caller is the claim''s role (or may act for it); returns how many. A worker whose claim was taken over gets 0.';
 
@@ -701,7 +695,8 @@ REVOKE EXECUTE ON FUNCTION throttle._lock_concurrency_key(text, text) FROM PUBLI
 CREATE FUNCTION throttle.extend(ids bigint[], token bigint, lease interval)
 RETURNS integer
 AS 'MODULE_PATHNAME', 'pg_throttle_extend'
-LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off;  -- its statements reach events by primary key (claim_lock.cpp)
 COMMENT ON FUNCTION throttle.extend(bigint[], bigint, interval) IS
     'Extends the claim token on the events to lease from now (and the group''s lease), by the claim''s role, while its lease holds: a claim whose lease has ended is not revived. Returns how many.';
 
@@ -1086,6 +1081,8 @@ COMMENT ON FUNCTION throttle.retry(bigint) IS
 DROP FUNCTION throttle._claim_one_group(text, text, text, interval, timestamptz);
 DROP FUNCTION throttle._group_held(text, text, timestamptz);
 DROP FUNCTION throttle._group_take(text, text, text, interval);
+-- So is extend (src/pg/queue/extend.cpp), which renews the group's lease itself.
+DROP FUNCTION throttle._group_renew(text, text, bigint, interval);
 
 -- The saved privileges, made again on the new signatures (by the extension
 -- owner: a grant another role made is now the owner's). A function that had
