@@ -331,19 +331,28 @@ def notifications(tap):
     schedule(cur, [("n1", "nk"), ("n2", "nk"), ("n3", "nk")], queue=queue)
     ids = dict(rows(cur, "SELECT item_key, id FROM throttle.all_events WHERE queue = %s", (queue,)))
 
-    def heard():
-        time.sleep(0.2)
+    def heard(expected):
+        """The notifications that came once `expected` of them have (or
+        10 s have passed), and any more within 0.3 s after: a loaded
+        machine delivers late, and what arrives late must not be counted
+        in the next call's window."""
+        deadline = time.monotonic() + 10
+        while len(listener.notifies) < expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+            listener.poll()
+        time.sleep(0.3)
         listener.poll()
         got = [int(n.payload) for n in listener.notifies]
         listener.notifies.clear()
         return got
-    heard()  # schedule's own
+    tap_schedule = heard(3)  # schedule's own, one per due event
     n1, t1 = claim(cur, "w", max_=3, queue=queue)
     complete(cur, n1.values(), t1)
-    tap.is_(heard(), [ids["n2"]], "complete of a keyed event notifies the key's oldest due event")
+    tap.is_((sorted(tap_schedule), heard(1)), (sorted(ids.values()), [ids["n2"]]),
+            "complete of a keyed event notifies the key's oldest due event")
     n2, t2 = claim(cur, "w", max_=3, queue=queue)
     cur.execute("SELECT throttle.fail(%s::bigint[], %s, 'boom', '1 hour')", (list(n2.values()), t2))
-    tap.is_(heard(), [ids["n3"]], "and so does fail (its event waits an hour)")
+    tap.is_(heard(1), [ids["n3"]], "and so does fail (its event waits an hour)")
     cur.execute("DELETE FROM throttle.event WHERE queue = %s", (queue,))
     listener.close()
     conn.close()

@@ -428,7 +428,11 @@ def main():
     listener = connect()
     listener.cursor().execute('LISTEN "d.wake"')
     arrived = one(admin, "SELECT throttle.schedule('d.wake', 'e2', now(), group_key => 'g')")[0]
-    time.sleep(0.2)
+    deadline = time.monotonic() + 10  # schedule's own notify first, however late it comes
+    while time.monotonic() < deadline and not listener.notifies:
+        time.sleep(0.05)
+        listener.poll()
+    time.sleep(0.3)
     listener.poll()
     listener.notifies.clear()
     one(admin, "SELECT throttle.complete(%s::bigint[], %s)", (held[0], held[1]))
