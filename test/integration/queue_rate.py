@@ -60,14 +60,22 @@ def worst_span(stamps, burst, emission_us):
     return worst
 
 
+def limit(cur, table, queue, bucket, rate, per, burst):
+    """Empties `queue` (both event tables) and names it in `table`
+    (queue_bucket or group_bucket) with a new bucket of that shape."""
+    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (queue,))
+    cur.execute("DELETE FROM throttle.event_history WHERE queue = %s", (queue,))
+    cur.execute("DELETE FROM throttle.bucket WHERE name = %s", (bucket,))
+    cur.execute("INSERT INTO throttle.bucket (name, rate, per, burst) VALUES (%s, %s, %s, %s)",
+                (bucket, rate, per, burst))
+    cur.execute(f"INSERT INTO throttle.{table} (queue, bucket) VALUES (%s, %s)", (queue, bucket))
+
+
 def held_claim_locks_no_more(tap, admin):
     """A claim whose transaction stays open locks no more events than the
     bucket let it claim: another worker gets the next unit's event at once."""
     cur = admin.cursor()
-    cur.execute("DELETE FROM throttle.event WHERE queue = 'qr.held'")
-    cur.execute("DELETE FROM throttle.bucket WHERE name = 'qr.one'")
-    cur.execute("INSERT INTO throttle.bucket (name, rate, per, burst) VALUES ('qr.one', 1, '1 second', 1)")
-    cur.execute("INSERT INTO throttle.queue_bucket (queue, bucket) VALUES ('qr.held', 'qr.one')")
+    limit(cur, "queue_bucket", "qr.held", "qr.one", 1, "1 second", 1)
     cur.execute("SELECT count(throttle.schedule('qr.held', 'h' || g, now() - interval '1 minute')) "
                 "FROM generate_series(1, 5) g")
     first = connect(autocommit=False)
@@ -141,12 +149,7 @@ def group_buckets_with_workers(tap, admin):
     burst 2, on the real clock: in every span of each group's claims the
     group never gets more than burst + span / T."""
     cur = admin.cursor()
-    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (GROUPED,))
-    cur.execute("DELETE FROM throttle.event_history WHERE queue = %s", (GROUPED,))
-    cur.execute("DELETE FROM throttle.bucket WHERE name = 'qr.group'")
-    cur.execute("INSERT INTO throttle.bucket (name, rate, per, burst) VALUES ('qr.group', %s, %s, %s)",
-                (G_RATE, f"{G_PER_MS} milliseconds", G_BURST))
-    cur.execute("INSERT INTO throttle.group_bucket (queue, bucket) VALUES (%s, 'qr.group')", (GROUPED,))
+    limit(cur, "group_bucket", GROUPED, "qr.group", G_RATE, f"{G_PER_MS} milliseconds", G_BURST)
     cur.execute("SELECT count(throttle.schedule(%s, g || '.' || n, now() - interval '1 minute', "
                 "group_key => g)) FROM (SELECT 'G' || k AS g FROM generate_series(1, 6) k) s, "
                 "generate_series(1, 100) n", (GROUPED,))
@@ -178,12 +181,7 @@ def main():
     tap = Tap(10)
     admin = connect()
     cur = admin.cursor()
-    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (QUEUE,))
-    cur.execute("DELETE FROM throttle.event_history WHERE queue = %s", (QUEUE,))
-    cur.execute("DELETE FROM throttle.bucket WHERE name = 'qr.bucket'")
-    cur.execute("INSERT INTO throttle.bucket (name, rate, per, burst) VALUES ('qr.bucket', %s, %s, %s)",
-                (RATE, f"{PER_MS} milliseconds", BURST))
-    cur.execute("INSERT INTO throttle.queue_bucket (queue, bucket) VALUES (%s, 'qr.bucket')", (QUEUE,))
+    limit(cur, "queue_bucket", QUEUE, "qr.bucket", RATE, f"{PER_MS} milliseconds", BURST)
     cur.execute("SELECT count(throttle.schedule(%s, 'e' || g, now() - interval '1 minute')) "
                 "FROM generate_series(1, 600) g", (QUEUE,))
     cur.execute("SELECT count(throttle.schedule(%s, 'g' || g, now() - interval '1 minute', "

@@ -71,21 +71,21 @@ KeptPlan expired_claims{
 // generic plan on it whatever the statistics said): it starts at the newest
 // events of the highest priority, not at the oldest, where claims leave dead
 // entries until vacuum.
-KeptPlan claim_start{
-    "SELECT (SELECT e.priority FROM throttle.event e"
-    "        WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL"
-    "        ORDER BY e.priority DESC LIMIT 1), " PG_THROTTLE_FULL_CONCURRENCY_KEYS,
-    2,
-    {TEXTOID, TIMESTAMPTZOID},
-    nullptr};
+#define TOP_PENDING_PRIORITY(condition)                                              \
+    "(SELECT e.priority FROM throttle.event e"                                       \
+    "  WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL" condition \
+    "  ORDER BY e.priority DESC LIMIT 1)"
 
+KeptPlan claim_start{"SELECT " TOP_PENDING_PRIORITY("") ", " PG_THROTTLE_FULL_CONCURRENCY_KEYS,
+                     2,
+                     {TEXTOID, TIMESTAMPTZOID},
+                     nullptr};
+
+// The highest priority below $2 (the same backward scan).
 KeptPlan next_priority{
-    "SELECT (SELECT e.priority FROM throttle.event e"
-    "        WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL"
-    "          AND e.priority < $2 ORDER BY e.priority DESC LIMIT 1)",
-    2,
-    {TEXTOID, INT4OID},
-    nullptr};
+    "SELECT " TOP_PENDING_PRIORITY(" AND e.priority < $2"), 2, {TEXTOID, INT4OID}, nullptr};
+
+#undef TOP_PENDING_PRIORITY
 
 KeptPlan due_events{
     "SELECT e.id, e.concurrency_key, e.run_at FROM throttle.event e"

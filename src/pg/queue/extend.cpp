@@ -17,7 +17,6 @@
 #include "pg/boundary.hpp"
 #include "pg/clock.hpp"
 #include "pg/kept_plan.hpp"
-#include "pg/locks/locks.hpp"
 #include "pg/queue/claim_lock.hpp"
 #include "pg/queue/durable_commit.hpp"
 #include "pg/queue/group_lease.hpp"
@@ -84,6 +83,7 @@ Datum extend(FunctionCallInfo fcinfo) {
     if (extended > 0) {
         require_durable_commit();
     }
+    int64 lease_us = 0;  // in microseconds, once a group claim needs it
     for (uint64 i = 0; i < rows; i++) {
         const Datum group =
             SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &is_null);
@@ -92,11 +92,11 @@ Datum extend(FunctionCallInfo fcinfo) {
         }
         const Datum queue =
             SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &is_null);
-        RegistryKey key;
-        if (group_lease_find(DatumGetTextPP(queue), DatumGetTextPP(group), DatumGetInt64(token),
-                             &key)) {
-            (void)lock_renew(key, DatumGetInt64(token), positive_interval(lease, "lease"));
+        if (lease_us == 0) {
+            lease_us = positive_interval(lease, "lease");
         }
+        (void)group_lease_renew(DatumGetTextPP(queue), DatumGetTextPP(group), DatumGetInt64(token),
+                                lease_us);
     }
     SPI_finish();
     PG_RETURN_INT32(static_cast<int32>(extended));

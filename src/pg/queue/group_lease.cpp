@@ -88,6 +88,12 @@ bool group_lease_find(const text* queue, const text* group_key, int64 token, Reg
     return false;
 }
 
+bool group_lease_renew(const text* queue, const text* group_key, int64 token, int64 lease_us) {
+    RegistryKey key;
+    return group_lease_find(queue, group_key, token, &key) &&
+           lock_renew(key, token, lease_us) == RenewResult::kRenewed;
+}
+
 int64 group_lease_take(const RegistryKey& key, int64 lease_us, const Holder& holder) {
     group_lease_make_room();
     const int64 token = lock_take(key, lease_us, 0, holder);
@@ -176,13 +182,13 @@ Datum group_reset(FunctionCallInfo fcinfo) {
 // EXTENSION pg_throttle UPDATE has run.
 Datum group_renew(FunctionCallInfo fcinfo) {
     registry_require();
-    RegistryKey key;
-    if (!held_slot(fcinfo, &key)) {
-        PG_RETURN_BOOL(false);
-    }
+    const text* queue = nullptr;
+    const text* group = nullptr;
+    group_arguments(fcinfo, &queue, &group);
+    require_not_null(fcinfo, 2, "token");
     require_not_null(fcinfo, 3, "lease");
     const int64 lease = positive_interval(PG_GETARG_INTERVAL_P(3), "lease");
-    PG_RETURN_BOOL(lock_renew(key, PG_GETARG_INT64(2), lease) == RenewResult::kRenewed);
+    PG_RETURN_BOOL(group_lease_renew(queue, group, PG_GETARG_INT64(2), lease));
 }
 
 }  // namespace

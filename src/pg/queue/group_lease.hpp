@@ -26,6 +26,10 @@ void queue_group_key(EntryKind kind, const text* queue, const text* group_key, i
 // false when none does (it ended, or another claim took its slot).
 bool group_lease_find(const text* queue, const text* group_key, int64 token, RegistryKey* key);
 
+// Renews the slot of the group that a lease held with `token` holds, to
+// `lease_us` microseconds from now; false when none does.
+bool group_lease_renew(const text* queue, const text* group_key, int64 token, int64 lease_us);
+
 // Takes the group's lease for `lease_us` microseconds for `holder`, recorded
 // for this transaction (released if it rolls back); its fence token, or 0
 // when another claim holds it.
