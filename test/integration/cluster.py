@@ -49,9 +49,17 @@ def gone(pid):
 
 
 def kill_backend(conn):
-    """SIGKILL the backend of `conn`: PostgreSQL then reinitialises shared memory."""
-    os.kill(one(conn, "SELECT pg_backend_pid()")[0], signal.SIGKILL)
+    """SIGKILL the backend of `conn`: PostgreSQL then reinitialises shared
+    memory. Returns once the postmaster has reaped it (and so begun the
+    reinitialisation, refusing connections until it is done): a connection
+    made before that would reach the old server and be cut by the reset."""
+    pid = one(conn, "SELECT pg_backend_pid()")[0]
+    os.kill(pid, signal.SIGKILL)
     conn.close()
+    for _ in range(100):
+        if not os.path.exists("/proc/%d" % pid):
+            break
+        time.sleep(0.1)
 
 
 def kill_postmaster(data_dir, socket_dir="/var/run/postgresql"):
