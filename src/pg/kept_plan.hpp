@@ -7,7 +7,7 @@
 
 namespace pg_throttle::pg {
 
-inline constexpr int kMaxPlanArgs = 8;
+inline constexpr int kMaxPlanArgs = 12;
 
 struct KeptPlan {
     const char* sql;

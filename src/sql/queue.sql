@@ -312,7 +312,8 @@ LANGUAGE C VOLATILE PARALLEL SAFE;
 COMMENT ON FUNCTION throttle._acts_as(oid) IS
     'Internal: whether the calling role has the privileges of role (a claim''s); NULL or a dropped role: superusers only.';
 
--- What schedule and schedule_many check of their common arguments (not NULL).
+-- What schedule_many checks of its scalar arguments (not NULL); schedule.cpp
+-- checks the same, with the same messages.
 CREATE FUNCTION throttle._check_schedule(queue text, max_attempts integer, on_duplicate text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
@@ -332,24 +333,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION throttle._check_schedule(text, integer, text) IS
-    'Internal: raises 22023 unless on_duplicate, max_attempts and the queue name are valid for schedule.';
-
-CREATE FUNCTION throttle._check_concurrency_key(group_key text, concurrency_key text)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-    IF concurrency_key = '' THEN
-        RAISE EXCEPTION 'concurrency_key must not be empty' USING ERRCODE = 'invalid_parameter_value',
-              HINT = 'NULL means none.';
-    ELSIF concurrency_key IS NOT NULL AND group_key IS NOT NULL THEN
-        RAISE EXCEPTION 'an event has a group_key or a concurrency_key, not both'
-              USING ERRCODE = 'invalid_parameter_value',
-                    HINT = 'A group''s events go to claim_group, which throttle.group_policy limits per group.';
-    END IF;
-END
-$$;
-COMMENT ON FUNCTION throttle._check_concurrency_key(text, text) IS
-    'Internal: 22023 when concurrency_key is empty or comes with a group_key.';
+    'Internal: raises 22023 unless on_duplicate, max_attempts and the queue name are valid for schedule_many.';
 
 CREATE FUNCTION throttle.schedule(queue text, item_key text, run_at timestamptz,
                                   payload jsonb DEFAULT '{}', group_key text DEFAULT NULL,
@@ -357,50 +341,8 @@ CREATE FUNCTION throttle.schedule(queue text, item_key text, run_at timestamptz,
                                   on_duplicate text DEFAULT 'replace',
                                   concurrency_key text DEFAULT NULL)
 RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    event_id bigint;
-    now timestamptz := throttle.now();
-BEGIN
-    PERFORM throttle._require(queue, 'queue'), throttle._require(item_key, 'item_key'),
-            throttle._require(run_at, 'run_at'), throttle._require(payload, 'payload'),
-            throttle._require(max_attempts, 'max_attempts'), throttle._require(priority, 'priority'),
-            throttle._require(on_duplicate, 'on_duplicate');
-    PERFORM throttle._check_schedule(queue, max_attempts, on_duplicate);
-    IF item_key = '' THEN
-        RAISE EXCEPTION 'item_key must not be empty' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF octet_length(item_key) > 1024 OR octet_length(group_key) > 1024
-       OR octet_length(concurrency_key) > 1024 THEN
-        RAISE EXCEPTION '% must have at most 1024 bytes',
-              CASE WHEN octet_length(item_key) > 1024 THEN 'item_key'
-                   WHEN octet_length(group_key) > 1024 THEN 'group_key'
-                   ELSE 'concurrency_key' END
-              USING ERRCODE = 'invalid_parameter_value',
-                    DETAIL = 'Keys are indexed; an index entry holds at most about 2700 bytes.';
-    END IF;
-    PERFORM throttle._check_concurrency_key(group_key, concurrency_key);
-    -- A pending event of item_key: replace moves it to run_at with the new
-    -- payload and priority, keep_earlier does so but keeps the earlier
-    -- run_at, ignore leaves it as it is. (A claimed one is never touched.)
-    INSERT INTO throttle.event AS e (queue, item_key, group_key, payload, run_at, max_attempts,
-                                     enqueued_at, enqueued_by, priority, concurrency_key)
-    VALUES (queue, item_key, group_key, payload, run_at, max_attempts, now, throttle._caller(),
-            priority, concurrency_key)
-    ON CONFLICT (queue, item_key) WHERE state = 'pending'
-    DO UPDATE SET run_at = CASE on_duplicate WHEN 'replace' THEN excluded.run_at
-                                              WHEN 'keep_earlier' THEN least(e.run_at, excluded.run_at)
-                                              ELSE e.run_at END,
-                  payload = CASE WHEN on_duplicate = 'ignore' THEN e.payload ELSE excluded.payload END,
-                  priority = CASE WHEN on_duplicate = 'ignore' THEN e.priority ELSE excluded.priority END
-    RETURNING e.id, e.run_at INTO event_id, run_at;
-    IF run_at <= now THEN
-        PERFORM pg_notify(queue, event_id::text);
-    END IF;
-    RETURN event_id;
-END
-$$;
+AS 'MODULE_PATHNAME', 'pg_throttle_schedule'  -- src/pg/queue/schedule.cpp
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION throttle.schedule(text, text, timestamptz, jsonb, text, integer, integer, text, text) IS
     'Schedules an event, or, when item_key names a pending event of the queue, updates it as on_duplicate says (replace: run_at, payload and priority; keep_earlier: the same but the earlier run_at; ignore: nothing; its group_key and concurrency_key stay); returns its id. When the event of item_key is claimed it is left alone and a new event is scheduled, which no worker gets before the claimed one ends. NOTIFYs the channel named after the queue when the event is due.';
 
@@ -620,8 +562,11 @@ BEGIN
     WITH superseded AS (
         DELETE FROM throttle.event e
         WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.lease_until <= now
-          AND EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
-                      WHERE u.queue = e.queue AND u.item_key = e.item_key AND u.state = 'pending')
+          -- One lookup per row (a scalar subquery, never hashed), whatever
+          -- the statistics said when the plan was made.
+          AND (SELECT 1 FROM throttle.event u  -- event_pending_key
+               WHERE u.queue = e.queue AND u.item_key = e.item_key AND u.state = 'pending'
+               LIMIT 1) IS NOT NULL
         RETURNING e.*)
     INSERT INTO throttle.event_history
     SELECT g.id, g.queue, g.item_key, g.group_key, g.payload, g.run_at, 'cancelled', g.attempts,
@@ -655,7 +600,8 @@ CREATE FUNCTION throttle.claim(queue text, worker text, lease interval DEFAULT '
                                max integer DEFAULT 1)
 RETURNS SETOF throttle.event
 AS 'MODULE_PATHNAME', 'pg_throttle_claim'
-LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off;  -- index lookups, whatever the plans' statistics said
 COMMENT ON FUNCTION throttle.claim(text, text, interval, integer) IS
     'Claims up to max due events without a group_key for worker until lease: claims whose lease expired, then pending events with run_at <= now, higher priority first, then oldest first; never waits for rows another worker is claiming. The events carry the claim''s claim_token, which complete, fail and extend need. Grouped events are claimed with throttle.claim_group.';
 
@@ -663,37 +609,12 @@ CREATE FUNCTION throttle.claim_group(queue text, worker text, lease interval DEF
                                      max integer DEFAULT NULL)
 RETURNS SETOF throttle.event
 AS 'MODULE_PATHNAME', 'pg_throttle_claim_group'
-LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off;  -- index lookups, whatever the plans' statistics said
 COMMENT ON FUNCTION throttle.claim_group(text, text, interval, integer) IS
     'Claims the due events of one group of the queue (every one, or the oldest max) for worker until lease. While the lease holds no other worker gets any event of that group, including events that become due meanwhile; a queue in throttle.group_policy lets that many claims hold a group at once, each with events no other holds, or keeps a group''s events in strict order. Returns no rows when no group is free.';
 
 -- Releases group leases whose claims are all finished.
-CREATE FUNCTION throttle._release_groups(finished throttle.event[])
-RETURNS void
-LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-DECLARE
-    g record;
-BEGIN
-    FOR g IN SELECT DISTINCT f.queue, f.group_key, f.claim_token FROM unnest(finished) AS f
-             WHERE f.group_key IS NOT NULL
-    LOOP
-        IF NOT EXISTS (SELECT 1 FROM throttle.event e
-                       WHERE e.queue = g.queue AND e.group_key = g.group_key
-                         AND e.state = 'claimed' AND e.group_key IS NOT NULL
-                         AND e.claim_token = g.claim_token) THEN
-            PERFORM throttle._group_release_at_commit(g.queue, g.group_key, g.claim_token);
-            -- Due events that arrived while the group was held can be had now.
-            PERFORM pg_notify(x.queue, x.id::text) FROM throttle.event x  -- event_groups
-            WHERE x.queue = g.queue AND x.group_key = g.group_key AND x.group_key IS NOT NULL
-              AND x.state = 'pending' AND x.run_at <= throttle.now();
-        END IF;
-    END LOOP;
-END
-$$;
-COMMENT ON FUNCTION throttle._release_groups(throttle.event[]) IS
-    'Internal: releases the group leases of claims that have no claimed event left, when the calling transaction commits, and NOTIFYs the due events of those groups.';
-
 -- A unique violation of event_pending_key while fail or release_group moves
 -- a claimed run back to pending means a newer run of its item_key
 -- committed meanwhile: read committed tries again with it in view (true);
@@ -716,39 +637,6 @@ END
 $$;
 COMMENT ON FUNCTION throttle._newer_run_committed(text) IS
     'Internal: whether a unique violation of constraint violated is a newer run that committed meanwhile, to be tried again with it in view; raises 40001 under a transaction snapshot that cannot see it.';
-
--- Locks, in id order, the events of `ids` that the claim `token` holds and
--- every other event of the group claims they belong to, before complete,
--- fail or extend changes any: all three lock in one order, so they never
--- deadlock on one claim, and two transactions that each finish part of a
--- group claim see each other's end (the last one releases the group).
-CREATE FUNCTION throttle._lock_claim(ids bigint[], token bigint)
-RETURNS void
-LANGUAGE plpgsql
--- By primary key, linear in the ids, as src/pg/queue/claim_lock.cpp does
--- for complete and extend: a plan that reads the whole table and tests each
--- row against the ids takes seconds for 10 000 of them.
-SET enable_seqscan = off AS $$
-#variable_conflict use_column
-BEGIN
-    PERFORM 1 FROM throttle.event g
-    WHERE g.id = ANY (ARRAY(SELECT unnest(ids)
-                            UNION
-                            SELECT x.id
-                            FROM (SELECT DISTINCT e.queue, e.group_key FROM throttle.event e
-                                  WHERE e.id = ANY (ids) AND e.group_key IS NOT NULL
-                                    AND e.claim_token = token) AS c  -- each group once
-                            JOIN throttle.event x  -- event_groups
-                              ON x.queue = c.queue AND x.group_key = c.group_key
-                             AND x.claim_token = token AND x.state IN ('pending', 'claimed')
-                             AND upper(x.state) = 'CLAIMED' AND x.group_key IS NOT NULL))
-      AND upper(g.state) = 'CLAIMED' AND g.claim_token = token AND throttle._acts_as(g.claimed_role)
-    ORDER BY g.id
-    FOR UPDATE OF g;
-END
-$$;
-COMMENT ON FUNCTION throttle._lock_claim(bigint[], bigint) IS
-    'Internal: locks a claim''s events in id order before fail changes them (complete and extend lock them natively, in the same order).';
 
 -- Due pending runs of the item_keys of `ended` (scheduled while those ran):
 -- claimable now, so their queue's channel hears of them.
@@ -781,102 +669,9 @@ COMMENT ON FUNCTION throttle.complete(bigint[], bigint) IS
 
 CREATE FUNCTION throttle.fail(ids bigint[], token bigint, error text, retry_in interval DEFAULT NULL)
 RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    now timestamptz := throttle.now();
-    finished throttle.event[];
-    held_back throttle.event[];
-    violated text;
-BEGIN
-    PERFORM throttle._require(ids, 'ids'), throttle._require(token, 'token');
-    IF retry_in IS NOT NULL AND retry_in < interval '0' THEN
-        RAISE EXCEPTION 'retry_in must not be negative' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF retry_in IS NOT NULL AND NOT isfinite(retry_in) THEN
-        RAISE EXCEPTION 'retry_in must be a finite interval' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    PERFORM throttle._lock_claim(ids, token);
-    -- An event whose item_key was scheduled again while it ran has a newer
-    -- run pending: the failed one is superseded by it (cancelled), not
-    -- retried beside it. A newer run that commits while this runs is seen
-    -- as a unique violation: then again, with it in view.
-    FOR attempt IN 1 .. 3 LOOP
-        BEGIN
-            WITH s AS (
-                SELECT x.id, EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
-                                     WHERE u.queue = x.queue AND u.item_key = x.item_key
-                                       AND u.state = 'pending') AS superseded
-                FROM throttle.event x WHERE x.id = ANY (ids)),
-            gone AS (
-                DELETE FROM throttle.event e USING s
-                WHERE s.id = e.id AND s.superseded AND e.attempts < e.max_attempts
-                  AND e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
-                  AND throttle._acts_as(e.claimed_role)
-                RETURNING e.*),
-            superseded AS (
-                INSERT INTO throttle.event_history
-                SELECT g.id, g.queue, g.item_key, g.group_key, g.payload, g.run_at, 'cancelled',
-                       g.attempts, g.max_attempts, g.enqueued_at, g.enqueued_by, g.claimed_at,
-                       g.claimed_by, g.claim_token, NULL, NULL, NULL, now, error,
-                       g.claimed_role, g.priority, now, g.cancelled_by, g.concurrency_key
-                FROM gone g
-                RETURNING *),
-            failed AS (
-                UPDATE throttle.event e
-                SET last_error = error, lease_until = NULL,
-                    state = CASE WHEN e.attempts >= e.max_attempts THEN 'dead' ELSE 'pending' END,
-                    completed_at = CASE WHEN e.attempts >= e.max_attempts THEN now END,
-                    completed_by = CASE WHEN e.attempts >= e.max_attempts THEN e.claimed_by END,
-                    failed_at = now,
-                    run_at = CASE WHEN e.attempts >= e.max_attempts THEN e.run_at
-                                  ELSE now + coalesce(retry_in,
-                                       least(interval '1 hour', interval '10 seconds' * 2 ^ least(e.attempts - 1, 16)))
-                             END
-                FROM s
-                WHERE s.id = e.id AND NOT (s.superseded AND e.attempts < e.max_attempts)
-                  AND e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.claim_token = token
-                  AND throttle._acts_as(e.claimed_role)
-                RETURNING e.*)
-            SELECT array_agg(f.ended ORDER BY (f.ended).id) INTO finished
-            FROM (SELECT ROW(h.*)::throttle.event AS ended FROM superseded h
-                  UNION ALL
-                  SELECT ROW(u.*)::throttle.event FROM failed u) AS f;
-            INSERT INTO throttle.event_attempt (event_id, attempt, claimed_at, claimed_by,
-                                                claimed_role, ended_at, outcome, error)
-            SELECT f.id, f.attempts, f.claimed_at, f.claimed_by, f.claimed_role, now, 'failed', error
-            FROM unnest(finished) AS f ORDER BY f.id;
-            EXIT;
-        EXCEPTION WHEN unique_violation THEN
-            GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
-            IF NOT throttle._newer_run_committed(violated) OR attempt = 3 THEN
-                RAISE;
-            END IF;
-        END;
-    END LOOP;
-    -- In a group kept in strict order the claim's later events wait behind
-    -- the failed one: pending again (released), their attempt not counted.
-    SELECT array_agg(b) INTO held_back
-    FROM throttle._fence_claims(
-        ARRAY(SELECT e.id
-              FROM (SELECT f.queue, f.group_key, min(f.id) AS first_failed
-                    FROM unnest(finished) AS f
-                    WHERE f.group_key IS NOT NULL
-                      AND EXISTS (SELECT 1 FROM throttle.group_policy p
-                                  WHERE p.queue = f.queue AND p.strict_order)
-                    GROUP BY f.queue, f.group_key) AS h
-              JOIN throttle.event e  -- event_claimed_groups
-                ON e.queue = h.queue AND e.group_key = h.group_key AND e.group_key IS NOT NULL
-               AND e.state = 'claimed' AND e.claim_token = token AND e.id > h.first_failed
-              ORDER BY e.id),
-        now) AS b;
-    UPDATE throttle.event e SET attempts = e.attempts - 1
-    WHERE e.id = ANY (ARRAY(SELECT b.id FROM unnest(held_back) AS b)) AND e.state = 'pending';
-    -- The group is released once no event of the claim is left claimed.
-    PERFORM throttle._release_groups(finished), throttle._notify_successors(finished || held_back);
-    RETURN coalesce(cardinality(finished), 0);
-END
-$$;
+AS 'MODULE_PATHNAME', 'pg_throttle_fail'  -- src/pg/queue/fail.cpp
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off;  -- its statements reach events by primary key (claim_lock.cpp)
 COMMENT ON FUNCTION throttle.fail(bigint[], bigint, text, interval) IS
     'Records a failed attempt (in throttle.event_attempt, and failed_at): keeps the error and retries after retry_in, or 10 s * 2^(attempts-1) up to 1 hour; after max_attempts the event is dead, and when its item_key was scheduled again meanwhile it is cancelled, superseded by that newer run. In a group kept in strict order (throttle.group_policy) the claim''s later events of the group go back to pending behind the failed one, their attempt not counted. Only through the claim token that holds the events, by the claim''s role; returns how many failed.';
 
@@ -998,6 +793,9 @@ DECLARE
     fenced throttle.event[];
     violated text;
 BEGIN
+    IF cardinality(ids) = 0 THEN
+        RETURN;  -- (a plan for no ids may read a whole index)
+    END IF;
     -- The rows are collected inside the block and returned after it: rows
     -- that RETURN QUERY had emitted would stay in the result when a unique
     -- violation rolls the block back.
@@ -1005,9 +803,9 @@ BEGIN
         BEGIN
             WITH s AS (
                 SELECT x.id, x.lease_until, x.lease_until <= now AS expired,
-                       EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
-                               WHERE u.queue = x.queue AND u.item_key = x.item_key
-                                 AND u.state = 'pending') AS superseded
+                       (SELECT 1 FROM throttle.event u  -- event_pending_key, per row
+                        WHERE u.queue = x.queue AND u.item_key = x.item_key
+                          AND u.state = 'pending' LIMIT 1) IS NOT NULL AS superseded
                 FROM throttle.event x WHERE x.id = ANY (ids)),
             gone AS (
                 DELETE FROM throttle.event e USING s

@@ -109,7 +109,7 @@ def claim_group_during(tap, admin, queue, change, what):
 
 
 def main():
-    tap = Tap(50)
+    tap = Tap(52)
     admin = connect()
     cur = admin.cursor()
 
@@ -565,6 +565,45 @@ def main():
             "purge of an event that died again while purge waited takes its newest attempts with it")
     second.close()
     purger.close()
+
+    # 51-52: fail runs its statement in a subtransaction of its own (to try
+    # again past a newer run that commits meanwhile). Cancelled while it
+    # waits for such a run, inside the caller's own exception block, it
+    # rolls its subtransaction back before the error reaches the caller:
+    # the caller's block catches it, its transaction goes on and commits,
+    # and the claim is as it was; a fail after the newer run committed
+    # supersedes the failed run.
+    fresh(cur, "d.failcancel")
+    cur.execute("SELECT throttle.schedule('d.failcancel', 'k', now())")
+    claim = one(admin, "SELECT id, claim_token FROM throttle.claim('d.failcancel', 'w1')")
+    producer = connect(autocommit=False)
+    execute(producer, "SELECT throttle.schedule('d.failcancel', 'k', now(), '{\"v\": 2}')")
+    worker = connect(autocommit=False)
+    execute(worker, "CREATE TEMP TABLE block_effects (n integer)")
+    execute(worker, "CREATE FUNCTION pg_temp.fail_or_cancelled(ids bigint[], token bigint) RETURNS text"
+                    " LANGUAGE plpgsql AS $$"
+                    " BEGIN INSERT INTO block_effects VALUES (1);"
+                    "       PERFORM throttle.fail(ids, token, 'boom'); RETURN 'failed';"
+                    " EXCEPTION WHEN query_canceled THEN RETURN 'cancelled'; END $$")
+    execute(worker, "SET statement_timeout = '500ms'")
+    outcome = one(worker, "SELECT pg_temp.fail_or_cancelled(ARRAY[%s]::bigint[], %s)", claim)[0]
+    after = one(worker, "SELECT state, attempts, (SELECT count(*) FROM throttle.event_attempt a"
+                        "                         WHERE a.event_id = e.id),"
+                        "       (SELECT count(*) FROM block_effects)"
+                        " FROM throttle.event e WHERE e.id = %s", (claim[0],))
+    worker.commit()
+    tap.is_((outcome, after), ("cancelled", ("claimed", 1, 0, 0)),
+            "fail cancelled while it waits for a newer run, in the caller's exception block: caught there "
+            "(the block's own changes undone), the transaction goes on and commits, the claim as it was")
+    producer.commit()
+    execute(worker, "RESET statement_timeout")
+    failed = one(worker, "SELECT throttle.fail(ARRAY[%s]::bigint[], %s, 'boom')", claim)[0]
+    worker.commit()
+    tap.is_((failed, one(admin, "SELECT array_agg(state ORDER BY id) FROM throttle.all_events "
+                                "WHERE queue = 'd.failcancel'")[0]),
+            (1, ["cancelled", "pending"]), "fail after the newer run committed: the failed run is superseded")
+    worker.close()
+    producer.close()
     b.close()
     admin.close()
     tap.done()

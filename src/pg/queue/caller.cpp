@@ -6,6 +6,8 @@
 // the extension's owner. The caller is the role the session acts as (its
 // login role, or the one SET ROLE chose), which security-definer calls do
 // not change.
+#include "pg/queue/caller.hpp"
+
 #include "pg/boundary.hpp"
 
 extern "C" {
@@ -13,16 +15,21 @@ extern "C" {
 }
 
 namespace pg_throttle::pg {
-namespace {
 
-// () -> "<role>", or "<role> (<application_name>)" when the session has one.
-Datum caller(FunctionCallInfo /*fcinfo*/) {
+text* caller_name() {
     const char* role = GetUserNameFromId(GetOuterUserId(), false);
     const char* application = application_name;
     if (application == nullptr || application[0] == '\0') {
-        PG_RETURN_TEXT_P(cstring_to_text(role));
+        return cstring_to_text(role);
     }
-    PG_RETURN_TEXT_P(cstring_to_text(psprintf("%s (%s)", role, application)));
+    return cstring_to_text(psprintf("%s (%s)", role, application));
+}
+
+namespace {
+
+// () -> caller_name().
+Datum caller(FunctionCallInfo /*fcinfo*/) {
+    PG_RETURN_TEXT_P(caller_name());
 }
 
 // () -> the oid of the role the session acts as.

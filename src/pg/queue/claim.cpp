@@ -91,9 +91,9 @@ KeptPlan due_events{
     "SELECT e.id, e.concurrency_key, e.run_at FROM throttle.event e"
     " WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL"
     "   AND e.priority = $2 AND e.run_at <= $3"
-    "   AND NOT EXISTS (SELECT 1 FROM throttle.event c"  // event_claimed_key
-    "                   WHERE c.queue = e.queue AND c.item_key = e.item_key"
-    "                     AND c.state = 'claimed')"
+    "   AND (SELECT 1 FROM throttle.event c"  // event_claimed_key
+    "        WHERE c.queue = e.queue AND c.item_key = e.item_key AND c.state = 'claimed'"
+    "        LIMIT 1) IS NULL"
     KEYED_ROWS("$5", "$6")
     "   AND (e.run_at, e.id) > ($7, $8)"
     " ORDER BY e.run_at, e.id LIMIT $4 FOR UPDATE OF e SKIP LOCKED",

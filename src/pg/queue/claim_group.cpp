@@ -98,10 +98,10 @@ KeptPlan group_holders{
     "e.queue = $1 AND e.group_key = $2 AND e.group_key IS NOT NULL" \
     " AND e.state IN ('pending', 'claimed')"
 #define HOLDS "e.state = 'claimed' AND (e.lease_until > $3) IS TRUE"
-#define DUE_PENDING                                                 \
-    "e.run_at <= $3 AND NOT EXISTS (SELECT 1 FROM throttle.event c" \
-    "                               WHERE c.queue = e.queue"        \
-    "                                 AND c.item_key = e.item_key AND c.state = 'claimed')"
+#define DUE_PENDING                                                           \
+    "e.run_at <= $3 AND (SELECT 1 FROM throttle.event c"                      \
+    "                    WHERE c.queue = e.queue AND c.item_key = e.item_key" \
+    "                      AND c.state = 'claimed' LIMIT 1) IS NULL"
 #define LOCKABLE                                                         \
     "((upper(e.state) = 'CLAIMED' AND (e.lease_until > $3) IS NOT TRUE)" \
     " OR (upper(e.state) = 'PENDING' AND " DUE_PENDING "))"

@@ -21,6 +21,16 @@ namespace {
     "SELECT DISTINCT e.queue, e.group_key FROM throttle.event e" \
     " WHERE e.id = ANY ($1) AND e.group_key IS NOT NULL AND e.claim_token = $2"
 
+// The events that the claim $2 holds in the group of c (a row of
+// CLAIM_GROUPS_OF_IDS), found by event_groups: a subquery of its own
+// (OFFSET 0 keeps the planner from joining it any other way), looked up
+// once per group whatever the plan's statistics said of the table.
+#define CLAIMED_IN_GROUP_OF_C                                                       \
+    "SELECT x.id FROM throttle.event x"                                             \
+    " WHERE x.queue = c.queue AND x.group_key = c.group_key AND x.claim_token = $2" \
+    "   AND x.state IN ('pending', 'claimed') AND upper(x.state) = 'CLAIMED'"       \
+    "   AND x.group_key IS NOT NULL OFFSET 0"
+
 // Whether the group claims of the events hold events besides them: more
 // events claimed with the token in their groups than the events given
 // (counts, not a test of each against $1: linear in the group's size, and
@@ -32,10 +42,8 @@ namespace {
 KeptPlan claim_holds_others{
     "SELECT (SELECT count(*) FROM (" CLAIM_GROUPS_OF_IDS
     ") AS c"
-    "        JOIN throttle.event x"  // event_groups
-    "          ON x.queue = c.queue AND x.group_key = c.group_key AND x.claim_token = $2"
-    "         AND x.state IN ('pending', 'claimed') AND upper(x.state) = 'CLAIMED'"
-    "         AND x.group_key IS NOT NULL)"
+    "        CROSS JOIN LATERAL (" CLAIMED_IN_GROUP_OF_C
+    ") AS x)"
     "     > (SELECT count(*) FROM throttle.event e"
     "        WHERE e.id = ANY ($1) AND e.group_key IS NOT NULL AND e.claim_token = $2"
     "          AND upper(e.state) = 'CLAIMED')",
@@ -55,22 +63,19 @@ KeptPlan lock_events{
     {INT8ARRAYOID, INT8OID},
     nullptr};
 
-// With grouped events whose claims hold others: throttle._lock_claim's
-// statement, which adds the other events of their group claims (one id
-// order for all). The group's events are found by event_groups, never
-// through the partial indexes on state = 'claimed', which statistics of an
-// idle moment count as nearly empty and which under churn hold many dead
-// entries.
+// With grouped events whose claims hold others: the events and the other
+// events of their group claims (one id order for all). The group's events
+// are found by event_groups, never through the partial indexes on
+// state = 'claimed', which statistics of an idle moment count as nearly
+// empty and which under churn hold many dead entries.
 KeptPlan lock_claim{
     "SELECT 1 FROM throttle.event g"
     " WHERE g.id = ANY (ARRAY(SELECT unnest($1)"
     "                         UNION"
     "                         SELECT x.id FROM (" CLAIM_GROUPS_OF_IDS
     ") AS c"
-    "                         JOIN throttle.event x"  // event_groups
-    "                           ON x.queue = c.queue AND x.group_key = c.group_key"
-    "                          AND x.claim_token = $2 AND x.state IN ('pending', 'claimed')"
-    "                          AND upper(x.state) = 'CLAIMED' AND x.group_key IS NOT NULL))"
+    "                         CROSS JOIN LATERAL (" CLAIMED_IN_GROUP_OF_C
+    ") AS x))"
     "   AND upper(g.state) = 'CLAIMED' AND g.claim_token = $2"
     "   AND throttle._acts_as(g.claimed_role)"
     " ORDER BY g.id"
@@ -79,6 +84,7 @@ KeptPlan lock_claim{
     {INT8ARRAYOID, INT8OID},
     nullptr};
 
+#undef CLAIMED_IN_GROUP_OF_C
 #undef CLAIM_GROUPS_OF_IDS
 
 }  // namespace

@@ -1,9 +1,8 @@
-// How complete and extend lock a claim's events before they change them
-// (fail does the same through throttle._lock_claim): in id order, the events
-// given and, when their group claims hold others, every other event of those
-// claims. One order for all three, so they never deadlock on one claim, and
-// two transactions that each finish part of a group claim see each other's
-// end (the last one releases the group).
+// How complete, fail and extend lock a claim's events before they change
+// them: in id order, the events given and, when their group claims hold
+// others, every other event of those claims. One order for all three, so they never deadlock on one
+// claim, and two transactions that each finish part of a group claim see each other's end (the last
+// one releases the group).
 #pragma once
 
 #include "pg/pg_headers.hpp"
