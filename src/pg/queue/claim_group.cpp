@@ -89,7 +89,8 @@ KeptPlan group_holders{
 // $3 the queue, the group_key and now. GROUP_EVENTS: the group's events that
 // are not finished, along event_groups. HOLDS: another claim's, whose lease
 // holds. DUE_PENDING: a pending event due now whose item_key has no claimed
-// run (event_claimed_key): one that has waits for it. LOCKABLE: what a claim
+// run (event_claimed_key; one lookup per row, as claim.cpp's due_events
+// says): one that has waits for it. LOCKABLE: what a claim
 // may take, rechecked on the row it locks (an event that turned into a claim
 // whose lease holds after the snapshot fails it). upper(state) keeps the
 // generic plan from reading every claimed event of the queue through the
@@ -98,10 +99,10 @@ KeptPlan group_holders{
     "e.queue = $1 AND e.group_key = $2 AND e.group_key IS NOT NULL" \
     " AND e.state IN ('pending', 'claimed')"
 #define HOLDS "e.state = 'claimed' AND (e.lease_until > $3) IS TRUE"
-#define DUE_PENDING                                                           \
-    "e.run_at <= $3 AND (SELECT 1 FROM throttle.event c"                      \
-    "                    WHERE c.queue = e.queue AND c.item_key = e.item_key" \
-    "                      AND c.state = 'claimed' LIMIT 1) IS NULL"
+#define DUE_PENDING                                                                      \
+    "e.run_at <= $3 AND NOT EXISTS (SELECT 1 FROM throttle.event c"                      \
+    "                               WHERE c.queue = e.queue AND c.item_key = e.item_key" \
+    "                                 AND c.state = 'claimed' OFFSET 0)"
 #define LOCKABLE                                                         \
     "((upper(e.state) = 'CLAIMED' AND (e.lease_until > $3) IS NOT TRUE)" \
     " OR (upper(e.state) = 'PENDING' AND " DUE_PENDING "))"
