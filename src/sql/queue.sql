@@ -614,7 +614,6 @@ SET enable_seqscan = off;  -- index lookups, whatever the plans' statistics said
 COMMENT ON FUNCTION throttle.claim_group(text, text, interval, integer) IS
     'Claims the due events of one group of the queue (every one, or the oldest max) for worker until lease. While the lease holds no other worker gets any event of that group, including events that become due meanwhile; a queue in throttle.group_policy lets that many claims hold a group at once, each with events no other holds, or keeps a group''s events in strict order. Returns no rows when no group is free.';
 
--- Releases group leases whose claims are all finished.
 -- A unique violation of event_pending_key while fail or release_group moves
 -- a claimed run back to pending means a newer run of its item_key
 -- committed meanwhile: read committed tries again with it in view (true);

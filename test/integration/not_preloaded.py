@@ -23,6 +23,12 @@ CALLS = [
     "SELECT * FROM throttle.locks",
     "SELECT throttle.reset('np.lock')",
     "SELECT throttle.now()",
+    "SELECT throttle.schedule('np.queue', 'k', now())",
+    "SELECT throttle.schedule(NULL, 'k', now())",
+    "SELECT throttle.fail(ARRAY[1]::bigint[], 1, 'boom')",
+    "SELECT throttle.fail(NULL, NULL, 'boom')",
+    "SELECT * FROM throttle.claim('np.queue', 'w')",
+    "SELECT throttle.complete(ARRAY[1]::bigint[], 1)",
 ]
 
 

@@ -1,6 +1,7 @@
 // First: it includes src/core headers, which come before PostgreSQL's.
 #include "pg/queue/group_lease.hpp"
 
+#include "pg/clock.hpp"
 #include "pg/kept_plan.hpp"
 #include "pg/queue/claim_end.hpp"
 #include "pg/queue/event_rows.hpp"
@@ -74,7 +75,7 @@ KeptPlan notify_key_waiters{
 
 }  // namespace
 
-void release_emptied_groups(Datum queues, Datum group_keys, Datum token, Datum now) {
+void release_emptied_groups(Datum queues, Datum group_keys, Datum token) {
     Datum group_args[3] = {queues, group_keys, token};
     run_kept_plan(&groups_left_empty, group_args, nullptr, SPI_OK_SELECT);
     const uint64 n = SPI_processed;
@@ -93,11 +94,13 @@ void release_emptied_groups(Datum queues, Datum group_keys, Datum token, Datum n
         }
     }
     Datum notify_args[3] = {PointerGetDatum(spi_column(kEmptyQueue, TEXTOID)),
-                            PointerGetDatum(spi_column(kEmptyGroupKey, TEXTOID)), now};
+                            PointerGetDatum(spi_column(kEmptyGroupKey, TEXTOID)),
+                            TimestampTzGetDatum(clock_now())};
     run_kept_plan(&notify_released_groups, notify_args, nullptr, SPI_OK_SELECT);
 }
 
-void notify_successors(Datum queues, Datum item_keys, Datum concurrency_keys, Datum now) {
+void notify_successors(Datum queues, Datum item_keys, Datum concurrency_keys) {
+    const Datum now = TimestampTzGetDatum(clock_now());
     Datum notify_args[3] = {queues, item_keys, now};
     run_kept_plan(&notify_item_key_runs, notify_args, nullptr, SPI_OK_SELECT);
     if (concurrency_keys != 0) {

@@ -11,7 +11,7 @@ namespace {
 // whole table instead and test each row against the array (half of a
 // 10 000-event claim took 6 s through a plan made while the table was
 // small, 10 s when statistics saw no claim at all and a join put the table
-// first). So the callers, complete and extend, run with enable_seqscan off
+// first). So the callers, complete, fail and extend, run with enable_seqscan off
 // (their SQL declarations), and no statement joins the table to the ids.
 //
 // The groups of the events that the claim $2 holds, each once: the

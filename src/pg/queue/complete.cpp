@@ -86,9 +86,9 @@ Datum complete(FunctionCallInfo fcinfo) {
         const Datum concurrency_keys =
             keyed ? PointerGetDatum(spi_column(kConcurrencyKey, TEXTOID)) : 0;
         if (grouped) {
-            release_emptied_groups(queues, group_keys, token, now);
+            release_emptied_groups(queues, group_keys, token);
         }
-        notify_successors(queues, item_keys, concurrency_keys, now);
+        notify_successors(queues, item_keys, concurrency_keys);
     }
     SPI_finish();
     PG_RETURN_INT32(static_cast<int32>(completed));

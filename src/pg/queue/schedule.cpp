@@ -16,6 +16,7 @@
 #include "pg/clock.hpp"
 #include "pg/kept_plan.hpp"
 #include "pg/queue/caller.hpp"
+#include "pg/registry.hpp"
 
 extern "C" {
 #include "commands/async.h"
@@ -122,6 +123,7 @@ void check_arguments(FunctionCallInfo fcinfo) {
 // text, max_attempts integer, priority integer, on_duplicate text,
 // concurrency_key text) -> bigint, the event's id.
 Datum schedule(FunctionCallInfo fcinfo) {
+    registry_require();  // without it, as every call: 55000, before the arguments
     check_arguments(fcinfo);
     const TimestampTz now = clock_now();
     if (SPI_connect() != SPI_OK_CONNECT) {
