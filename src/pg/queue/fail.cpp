@@ -41,7 +41,7 @@ constexpr int kFailAttempts = 3;
 // for a newer pending run of its item_key (one lookup per row,
 // event_pending_key): no part of the statement joins the events to a list
 // of them, which a generic plan that expects ten ids runs as a nested loop
-// (fail of 10 000 events took 20 s). Both parts see one snapshot, so they
+// (fail of 10 000 events took 4 to 20 s). Both parts see one snapshot, so they
 // decide alike for each event.
 #define CLAIM_OF_CALLER                                                     \
     "e.id = ANY ($1) AND upper(e.state) = 'CLAIMED' AND e.claim_token = $2" \
