@@ -123,7 +123,7 @@ void check_arguments(FunctionCallInfo fcinfo) {
 // text, max_attempts integer, priority integer, on_duplicate text,
 // concurrency_key text) -> bigint, the event's id.
 Datum schedule(FunctionCallInfo fcinfo) {
-    registry_require();  // without it, as every call: 55000, before the arguments
+    registry_require();  // 55000 before any argument error, as the PL/pgSQL schedule did
     check_arguments(fcinfo);
     const TimestampTz now = clock_now();
     if (SPI_connect() != SPI_OK_CONNECT) {
