@@ -51,11 +51,12 @@ def timed(conn, sql, params=None, wait=10):
     return out, time.monotonic() - t0, t
 
 
-def while_held(holder, caller, sql, params=None):
+def while_held(holder, caller, sql, params=None, linger=0.0):
     """Runs sql on caller while holder's transaction stays open; once sql
-    waits for a lock (pg_stat_activity says so, within 10 s), commits
-    holder's transaction and returns what sql did (as timed() does), with
-    result["waited"]: whether sql was seen waiting for the lock."""
+    waits for a lock (pg_stat_activity says so, within 10 s), and `linger`
+    seconds after that, commits holder's transaction and returns what sql
+    did (as timed() does), with result["waited"]: whether sql was seen
+    waiting for the lock."""
     pid = one(caller, "SELECT pg_backend_pid()")[0]
     watcher = connect()
     result, _, thread = timed(caller, sql, params, wait=0)
@@ -67,10 +68,23 @@ def while_held(holder, caller, sql, params=None):
             break
         time.sleep(0.02)
     result["waited"] = waited
+    time.sleep(linger)
     holder.commit()
     thread.join(timeout=30)
     watcher.close()
     return result
+
+
+def heard(listener, wait=5):
+    """The payloads (ints) of the first notifications listener gets within
+    `wait` seconds."""
+    payloads = []
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and not payloads:
+        time.sleep(0.05)
+        listener.poll()
+        payloads = [int(n.payload) for n in listener.notifies]
+    return payloads
 
 
 def fresh(cur, queue):
@@ -484,13 +498,8 @@ def main():
     listener.poll()
     listener.notifies.clear()
     one(admin, "SELECT throttle.complete(%s::bigint[], %s)", (held[0], held[1]))
-    heard = []
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not heard:
-        time.sleep(0.05)
-        listener.poll()
-        heard = [int(n.payload) for n in listener.notifies]
-    tap.is_(heard, [arrived], "complete that frees a group notifies the event that came due while it was held")
+    tap.is_(heard(listener), [arrived],
+            "complete that frees a group notifies the event that came due while it was held")
     listener.close()
 
     # 54: fail decides what is due, to NOTIFY, when its waits are over: a
@@ -504,23 +513,11 @@ def main():
     listener = connect()
     listener.cursor().execute('LISTEN "d.latewake"')
     worker = connect()
-    pid = one(worker, "SELECT pg_backend_pid()")[0]
-    result, _, thread = timed(worker, "SELECT throttle.fail(ARRAY[%s]::bigint[], %s, 'boom', '300 ms')",
-                              claim, wait=0)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not one(
-            admin, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,))[0]:
-        time.sleep(0.02)
-    time.sleep(0.6)  # the retry, due 300 ms after fail began, is due now
-    extender.commit()
-    thread.join(timeout=30)
-    heard = []
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not heard:
-        time.sleep(0.05)
-        listener.poll()
-        heard = [int(n.payload) for n in listener.notifies]
-    tap.is_((result.get("rows"), heard), ([(1,)], [claim[0]]),
+    # Committed 0.6 s after fail began to wait: its retry, due 300 ms after
+    # fail began, is due by then.
+    result = while_held(extender, worker, "SELECT throttle.fail(ARRAY[%s]::bigint[], %s, 'boom', '300 ms')",
+                        claim, linger=0.6)
+    tap.is_((result.get("rows"), result["waited"], heard(listener)), ([(1,)], True, [claim[0]]),
             "fail that waited past its retry's run_at NOTIFYs the retry")
     listener.close()
     worker.close()

@@ -39,19 +39,11 @@ KeptPlan move_done{
     "        d.claim_token, NULL, $3, d.claimed_by, d.cancelled_at, d.last_error,"
     "        d.claimed_role, d.priority, d.failed_at, d.cancelled_by, d.concurrency_key"
     " FROM done d"
-    " RETURNING id, group_key IS NOT NULL, concurrency_key IS NOT NULL, queue, item_key,"
-    "           group_key, concurrency_key",
+    " RETURNING id, queue, item_key, group_key, concurrency_key",
     3,
     {INT8ARRAYOID, INT8OID, TIMESTAMPTZOID},
     nullptr};
-enum DoneColumn : int {
-    kGrouped = 2,
-    kKeyed = 3,
-    kQueue = 4,
-    kItemKey = 5,
-    kGroupKey = 6,
-    kConcurrencyKey = 7
-};
+enum DoneColumn : int { kQueue = 2, kItemKey = 3, kGroupKey = 4, kConcurrencyKey = 5 };
 
 // (ids bigint[], token bigint) -> integer, how many were completed.
 Datum complete(FunctionCallInfo fcinfo) {
@@ -69,15 +61,8 @@ Datum complete(FunctionCallInfo fcinfo) {
     Datum done_args[3] = {ids, token, now};
     run_kept_plan(&move_done, done_args, nullptr, SPI_OK_INSERT_RETURNING);
     const uint64 completed = SPI_processed;
-    bool is_null = false;
-    bool grouped = false;
-    bool keyed = false;
-    for (uint64 i = 0; i < completed; ++i) {
-        grouped = grouped || DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i],
-                                                        SPI_tuptable->tupdesc, kGrouped, &is_null));
-        keyed = keyed || DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
-                                                    kKeyed, &is_null));
-    }
+    const bool grouped = spi_any_not_null(kGroupKey);
+    const bool keyed = spi_any_not_null(kConcurrencyKey);
     if (completed > 0) {
         // Every column is read before the next statement replaces SPI_tuptable.
         const Datum queues = PointerGetDatum(spi_column(kQueue, TEXTOID));

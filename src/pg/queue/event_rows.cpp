@@ -28,6 +28,17 @@ ArrayType* spi_column(int column, Oid element_type) {
                               align);
 }
 
+bool spi_any_not_null(int column) {
+    for (uint64 i = 0; i < SPI_processed; ++i) {
+        bool is_null = true;
+        (void)SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, column, &is_null);
+        if (!is_null) {
+            return true;
+        }
+    }
+    return false;
+}
+
 ArrayType* first_ids(ArrayType* ids, int count) {
     Datum* elements = nullptr;
     bool* nulls = nullptr;

@@ -10,6 +10,9 @@ namespace pg_throttle::pg {
 // memory context.
 ArrayType* spi_column(int column, Oid element_type);
 
+// Whether any row of SPI_tuptable has a value (not NULL) in `column`.
+bool spi_any_not_null(int column);
+
 // `n` bigint Datums as a bigint[] in the current memory context.
 ArrayType* ids_array(const Datum* ids, int n);
 

@@ -88,23 +88,14 @@ KeptPlan fail_events{
     "                                      claimed_role, ended_at, outcome, error)"
     "  SELECT x.id, x.attempts, x.claimed_at, x.claimed_by, x.claimed_role, $3, 'failed', $4"
     "  FROM ended x ORDER BY x.id)"
-    " SELECT x.id, x.queue, x.item_key, x.group_key, x.concurrency_key,"
-    "        x.group_key IS NOT NULL, x.concurrency_key IS NOT NULL"
+    " SELECT x.id, x.queue, x.item_key, x.group_key, x.concurrency_key"
     " FROM ended x ORDER BY x.id",
     5,
     {INT8ARRAYOID, INT8OID, TIMESTAMPTZOID, TEXTOID, INTERVALOID},
     nullptr};
 #undef SUPERSEDED
 #undef CLAIM_OF_CALLER
-enum FailedColumn : int {
-    kId = 1,
-    kQueue = 2,
-    kItemKey = 3,
-    kGroupKey = 4,
-    kConcurrencyKey = 5,
-    kGrouped = 6,
-    kKeyed = 7
-};
+enum FailedColumn : int { kId = 1, kQueue = 2, kItemKey = 3, kGroupKey = 4, kConcurrencyKey = 5 };
 
 // Step 3: the claim's later events of groups kept in strict order, fenced
 // (pending again), as (id, queue, item_key). ($1 ids, $2 queues, $3
@@ -220,15 +211,8 @@ Datum fail(FunctionCallInfo fcinfo) {
     for (int attempt = 1; !run_fail_events(args, nulls, attempt < kFailAttempts); ++attempt) {
     }
     const uint64 failed = SPI_processed;
-    bool grouped = false;
-    bool keyed = false;
-    for (uint64 i = 0; i < failed; ++i) {
-        bool is_null = false;
-        grouped = grouped || DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i],
-                                                        SPI_tuptable->tupdesc, kGrouped, &is_null));
-        keyed = keyed || DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
-                                                    kKeyed, &is_null));
-    }
+    const bool grouped = spi_any_not_null(kGroupKey);
+    const bool keyed = spi_any_not_null(kConcurrencyKey);
     if (failed > 0) {
         // Every column is read before the next statement replaces SPI_tuptable.
         const Datum queues = PointerGetDatum(spi_column(kQueue, TEXTOID));
