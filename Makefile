@@ -77,9 +77,13 @@ soak:
 	/usr/bin/python3 test/soak/soak.py --cycles $(SOAK_CYCLES) --summary build/soak.json
 
 # Benchmarks against SELECT 1 and the SQL recipes (bench/run.sh).
-.PHONY: bench bench-versions
+.PHONY: bench bench-versions bench-bound
 bench:
 	bash bench/run.sh
+
+# What bounds a claim, alone (bench/queue-bound.sh, part of make bench).
+bench-bound:
+	bash bench/run.sh --only queue-bound
 
 # The hot paths against SELECT 1 on PostgreSQL 15, 17 and 18 (bench/versions.sh).
 bench-versions:

@@ -7,10 +7,17 @@
 # Then bench/queue.sh (the event queue against its SQL recipe),
 # bench/queue-node.sh (the queue from Node workers against the recipes,
 # graphile-worker and pg-boss),
+# bench/queue-bound.sh (what bounds a claim: one worker, with claims in force),
 # bench/status_scan.sh (grants while sessions loop over throttle.status) and
 # bench/scale.sh (1 000 000 live keys: memory per entry and throughput).
 set -euo pipefail
 source "$(dirname "$0")/../scripts/lib.sh"
+
+# bench/run.sh --only NAME: only bench/NAME.sh, on the same throwaway cluster.
+if [ "${1:-}" = "--only" ]; then
+    export BENCH_ONLY=$2
+    shift 2
+fi
 
 if [ "${1:-}" != "--inside" ]; then
     install_missing_packages bc redis-server
@@ -20,10 +27,12 @@ if [ "${1:-}" != "--inside" ]; then
     pg_virtualenv -t -o fsync=on -o shared_preload_libraries=pg_throttle -o max_connections=100 -o pg_throttle.max_entries=300000 \
         -o pg_throttle.role_quota=100 -o pg_throttle.database_quota=100 \
         -o shared_buffers=256MB "$0" --inside
+    [ -n "${BENCH_ONLY:-}" ] && exit 0
     bash "$ROOT/bench/status_scan.sh"
     exec bash "$ROOT/bench/scale.sh"
 fi
 
+[ -z "${BENCH_ONLY:-}" ] || exec bash "$ROOT/bench/$BENCH_ONLY.sh"
 cd "$ROOT/bench"
 source "$ROOT/bench/common.sh"
 out=$(mktemp -d)
@@ -84,3 +93,4 @@ done
 
 bash "$ROOT/bench/queue.sh"
 bash "$ROOT/bench/queue-node.sh"
+bash "$ROOT/bench/queue-bound.sh"
