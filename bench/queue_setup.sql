@@ -2,6 +2,9 @@
 -- worker at a time": FOR UPDATE SKIP LOCKED cannot be combined with GROUP BY,
 -- so a cursor walks the due rows and tries an advisory lock per group, and
 -- the transaction stays open while the worker processes the group.
+-- (bench/queue.sh and bench/queue-bound.sh: each starts from a new table.)
+SET client_min_messages = warning;
+DROP TABLE IF EXISTS recipe_event;
 CREATE TABLE recipe_event (
     id        bigserial PRIMARY KEY,
     group_key text NOT NULL,
@@ -11,7 +14,7 @@ CREATE TABLE recipe_event (
 CREATE INDEX recipe_event_due ON recipe_event (run_at) WHERE state = 'pending';
 CREATE INDEX recipe_event_group ON recipe_event (group_key) WHERE state = 'pending';
 
-CREATE FUNCTION recipe_claim_group() RETURNS SETOF bigint
+CREATE OR REPLACE FUNCTION recipe_claim_group() RETURNS SETOF bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     candidate record;
