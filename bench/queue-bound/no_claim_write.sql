@@ -1,9 +1,10 @@
--- A claim that writes nothing to the event: what a claim whose bookkeeping
--- lived in shared memory would cost at best. Its claims in force are the
--- rows of queue 'no_write' with a claim_token (a shared-memory claim table
--- would answer the same question per row); the row lock stands for the
--- journal record such a claim must flush. Then complete's move to the
--- history, as throttle.complete does it.
+-- A claim that writes nothing to the event, as one whose bookkeeping lived in
+-- a shared-memory table would: each due row is tested against the claims in
+-- force (here: the rows of queue 'no_write' with a claim_token; such a table
+-- would answer the same question per row), and the row lock stands for the
+-- journal record that such a claim must flush to survive a crash. Then, in a
+-- transaction of its own, complete's move to the history, as
+-- throttle.complete does it.
 SELECT e.id FROM throttle.event e
 WHERE e.queue = 'no_write' AND e.state = 'pending' AND e.group_key IS NULL AND e.priority = 0
   AND e.run_at <= now() AND e.claim_token IS NULL
