@@ -15,7 +15,7 @@ source "$(dirname "$0")/../scripts/lib.sh"
 
 # bench/run.sh --only NAME: only bench/NAME.sh, on the same throwaway cluster.
 if [ "${1:-}" = "--only" ]; then
-    export BENCH_ONLY=$2
+    export BENCH_ONLY=${2:?usage: bench/run.sh --only NAME (bench/NAME.sh)}
     shift 2
 fi
 
