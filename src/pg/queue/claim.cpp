@@ -76,10 +76,19 @@ KeptPlan expired_claims{
     "  WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL" condition \
     "  ORDER BY e.priority DESC LIMIT 1)"
 
-KeptPlan claim_start{"SELECT " TOP_PENDING_PRIORITY("") ", " PG_THROTTLE_FULL_CONCURRENCY_KEYS,
-                     2,
-                     {TEXTOID, TIMESTAMPTZOID},
-                     nullptr};
+// And whether any ungrouped claim's lease has ended (a probe of
+// event_leases_single): step 1's scan runs only then, one statement fewer
+// for a claim that finds none.
+KeptPlan claim_start{
+    "SELECT " TOP_PENDING_PRIORITY(
+        "") ", " PG_THROTTLE_FULL_CONCURRENCY_KEYS
+            ", EXISTS (SELECT 1 FROM throttle.event e"
+            "          WHERE e.queue = $1 AND e.state = 'claimed' AND e.lease_until <= $2"
+            "            AND e.group_key IS NULL)",
+    2,
+    {TEXTOID, TIMESTAMPTZOID},
+    nullptr};
+enum StartColumn : int { kTopPriority = 1, kFullKeys = 2, kAnyExpired = 3 };
 
 // The highest priority below $2 (the same backward scan).
 KeptPlan next_priority{
@@ -235,19 +244,25 @@ Datum claim(FunctionCallInfo fcinfo) {
     bool no_level = true;
     bool is_null = false;
     int32 level = 0;
-    const Datum top = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &no_level);
+    const Datum top =
+        SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, kTopPriority, &no_level);
     if (!no_level) {
         level = DatumGetInt32(top);
     }
-    ConcurrencyKeys keys =
-        concurrency_keys_start(queue, DatumGetTimestampTz(now),
-                               DatumGetArrayTypeP(SPI_getbinval(
-                                   SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &is_null)));
+    const bool expired_found = DatumGetBool(
+        SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, kAnyExpired, &is_null));
+    // Read before concurrency_keys_start, whose statements replace SPI_tuptable.
+    ConcurrencyKeys keys = concurrency_keys_start(
+        queue, DatumGetTimestampTz(now),
+        DatumGetArrayTypeP(
+            SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, kFullKeys, &is_null)));
     Ids taken{};
 
-    Datum expired_args[7] = {queue, now, 0, 0, 0, 0, 0};
-    Scan expired{&expired_claims, expired_args, 2, 3, 0, 0};
-    scan_until_full(&expired, &taken, &keys, max);
+    if (expired_found) {
+        Datum expired_args[7] = {queue, now, 0, 0, 0, 0, 0};
+        Scan expired{&expired_claims, expired_args, 2, 3, 0, 0};
+        scan_until_full(&expired, &taken, &keys, max);
+    }
     const bool any_expired = taken.count > 0;
 
     bool have_level = taken.count < max && !no_level;
