@@ -123,7 +123,7 @@ def claim_group_during(tap, admin, queue, change, what):
 
 
 def main():
-    tap = Tap(55)
+    tap = Tap(57)
     admin = connect()
     cur = admin.cursor()
 
@@ -519,6 +519,38 @@ def main():
                         claim, linger=0.6)
     tap.is_((result.get("rows"), result["waited"], heard(listener)), ([(1,)], True, [claim[0]]),
             "fail that waited past its retry's run_at NOTIFYs the retry")
+    listener.close()
+    worker.close()
+    extender.close()
+
+    # 56-57: complete NOTIFYs the run of its event's item_key that was
+    # scheduled while the event ran (it waited for the claim to end), and
+    # decides what is due when its waits are over.
+    fresh(cur, "d.succ")
+    cur.execute("SELECT throttle.schedule('d.succ', 'k', now())")
+    claim = one(admin, "SELECT id, claim_token FROM throttle.claim('d.succ', 'w1')")
+    listener = connect()
+    listener.cursor().execute('LISTEN "d.succ"')
+    successor = one(admin, "SELECT throttle.schedule('d.succ', 'k', now())")[0]
+    heard(listener)  # schedule's own notify, heard while the claim holds
+    listener.notifies.clear()
+    one(admin, "SELECT throttle.complete(ARRAY[%s]::bigint[], %s)", claim)
+    tap.is_(heard(listener), [successor],
+            "complete NOTIFYs the run of its item_key scheduled while the event ran")
+    fresh(cur, "d.succ")
+    cur.execute("SELECT throttle.schedule('d.succ', 'k', now())")
+    heard(listener)  # its own notify
+    listener.notifies.clear()
+    claim = one(admin, "SELECT id, claim_token FROM throttle.claim('d.succ', 'w1')")
+    # Due 300 ms from now; complete waits 0.6 s for an extend left open.
+    successor = one(admin, "SELECT throttle.schedule('d.succ', 'k', now() + interval '300 ms')")[0]
+    extender = connect(autocommit=False)
+    execute(extender, "SELECT throttle.extend(ARRAY[%s]::bigint[], %s, '5 minutes')", claim)
+    worker = connect()
+    result = while_held(extender, worker, "SELECT throttle.complete(ARRAY[%s]::bigint[], %s)", claim,
+                        linger=0.6)
+    tap.is_((result.get("rows"), result["waited"], heard(listener)), ([(1,)], True, [successor]),
+            "complete that waited past the next run's run_at NOTIFYs it")
     listener.close()
     worker.close()
     extender.close()

@@ -59,7 +59,7 @@ KeptPlan notify_item_key_runs{
 
 // Its second statement: a claim of a concurrency_key ended, which may let
 // the key's oldest due event go.
-KeptPlan notify_key_waiters{
+KeptPlan key_waiters{
     "SELECT pg_notify(k.queue, w.id::text)"
     " FROM (SELECT DISTINCT f.queue, f.concurrency_key"
     "       FROM unnest($1::text[], $2::text[]) AS f(queue, concurrency_key)"
@@ -99,13 +99,16 @@ void release_emptied_groups(Datum queues, Datum group_keys, Datum token) {
     run_kept_plan(&notify_released_groups, notify_args, nullptr, SPI_OK_SELECT);
 }
 
+void notify_key_waiters(Datum queues, Datum concurrency_keys) {
+    Datum key_args[3] = {queues, concurrency_keys, TimestampTzGetDatum(clock_now())};
+    run_kept_plan(&key_waiters, key_args, nullptr, SPI_OK_SELECT);
+}
+
 void notify_successors(Datum queues, Datum item_keys, Datum concurrency_keys) {
-    const Datum now = TimestampTzGetDatum(clock_now());
-    Datum notify_args[3] = {queues, item_keys, now};
+    Datum notify_args[3] = {queues, item_keys, TimestampTzGetDatum(clock_now())};
     run_kept_plan(&notify_item_key_runs, notify_args, nullptr, SPI_OK_SELECT);
     if (concurrency_keys != 0) {
-        Datum key_args[3] = {queues, concurrency_keys, now};
-        run_kept_plan(&notify_key_waiters, key_args, nullptr, SPI_OK_SELECT);
+        notify_key_waiters(queues, concurrency_keys);
     }
 }
 

@@ -51,6 +51,24 @@ KeptPlan claim_holds_others{
     {INT8ARRAYOID, INT8OID},
     nullptr};
 
+// The first step: the events given, in id order, if each is an ungrouped
+// event of the claim (throttle.claim's claims; a claim's events are all
+// grouped or all ungrouped). Then nothing else needs a lock, and the group
+// counts of claim_holds_others are not needed. Otherwise (grouped events,
+// ids of no event of the claim, an id twice or NULL) it has locked no
+// grouped event, so the steps below keep the one id order.
+KeptPlan lock_ungrouped{
+    "SELECT (SELECT count(*) FROM (SELECT 1 FROM throttle.event g"
+    "                              WHERE g.id = ANY ($1) AND upper(g.state) = 'CLAIMED'"
+    "                                AND g.claim_token = $2 AND g.group_key IS NULL"
+    "                                AND throttle._acts_as(g.claimed_role)"
+    "                              ORDER BY g.id"
+    "                              FOR UPDATE OF g) AS locked)"
+    "     = cardinality($1)",
+    2,
+    {INT8ARRAYOID, INT8OID},
+    nullptr};
+
 // The events of the claim, in id order: ungrouped events, or grouped ones
 // whose group claims hold nothing else.
 KeptPlan lock_events{
@@ -91,8 +109,12 @@ KeptPlan lock_claim{
 
 void lock_claim_events(Datum ids, Datum token) {
     Datum args[2] = {ids, token};
-    run_kept_plan(&claim_holds_others, args, nullptr, SPI_OK_SELECT, 1);
     bool is_null = false;
+    run_kept_plan(&lock_ungrouped, args, nullptr, SPI_OK_SELECT, 1);
+    if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null))) {
+        return;
+    }
+    run_kept_plan(&claim_holds_others, args, nullptr, SPI_OK_SELECT, 1);
     const bool holds_others =
         DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
     run_kept_plan(holds_others ? &lock_claim : &lock_events, args, nullptr, SPI_OK_SELECT);

@@ -1,5 +1,6 @@
 // How complete, fail and extend lock a claim's events before they change
-// them: in id order, the events given and, when their group claims hold
+// them: in id order, the events given (one statement when they are all
+// ungrouped events of the claim) and, when their group claims hold
 // others, every other event of those claims. One order for all three, so they never deadlock on one
 // claim, and two transactions that each finish part of a group claim see each other's end (the last
 // one releases the group).

@@ -5,10 +5,11 @@
 //  1. Locks the claim's events (claim_lock.hpp).
 //  2. Moves them to throttle.event_history, done, if the caller may act for
 //     the claim's role.
-//  3. Releases, at commit, the leases of group claims with nothing left
-//     claimed, and NOTIFYs the due events of those groups, the due runs
-//     scheduled for the finished events' item_keys while they ran, and the
-//     oldest due event of their concurrency_keys (claim_end.hpp).
+//  3. NOTIFYs the due runs scheduled for the finished events' item_keys
+//     while they ran (found by the move itself); releases, at commit, the
+//     leases of group claims with nothing left claimed, and NOTIFYs the due
+//     events of those groups and the oldest due event of the finished
+//     events' concurrency_keys (claim_end.hpp).
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
 #include "pg/clock.hpp"
@@ -17,6 +18,10 @@
 #include "pg/queue/claim_lock.hpp"
 #include "pg/queue/event_rows.hpp"
 #include "pg/registry.hpp"
+
+extern "C" {
+#include "commands/async.h"
+}
 
 namespace pg_throttle::pg {
 namespace {
@@ -39,11 +44,42 @@ KeptPlan move_done{
     "        d.claim_token, NULL, $3, d.claimed_by, d.cancelled_at, d.last_error,"
     "        d.claimed_role, d.priority, d.failed_at, d.cancelled_by, d.concurrency_key"
     " FROM done d"
-    " RETURNING id, queue, item_key, group_key, concurrency_key",
-    3,
-    {INT8ARRAYOID, INT8OID, TIMESTAMPTZOID},
+    " RETURNING id, queue, item_key, group_key, concurrency_key,"
+    // The due pending run of the item_key, scheduled while the event ran
+    // (event_pending_key; the claimed row is not pending): the end lets it go.
+    "   (SELECT u.id FROM throttle.event u"
+    "    WHERE u.queue = event_history.queue AND u.item_key = event_history.item_key"
+    "      AND u.state = 'pending' AND u.run_at <= $4 LIMIT 1)",
+    4,
+    {INT8ARRAYOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID},
     nullptr};
-enum DoneColumn : int { kQueue = 2, kItemKey = 3, kGroupKey = 4, kConcurrencyKey = 5 };
+enum DoneColumn : int {
+    kQueue = 2,
+    kItemKey = 3,
+    kGroupKey = 4,
+    kConcurrencyKey = 5,
+    kSuccessor = 6
+};
+
+// NOTIFYs, on its queue's channel, the successor of each moved event that
+// has one (as pg_notify does: heard when the transaction commits).
+void notify_item_key_successors() {
+    bool any = false;
+    for (uint64 i = 0; i < SPI_processed; ++i) {
+        bool is_null = true;
+        const Datum successor =
+            SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, kSuccessor, &is_null);
+        if (is_null) {
+            continue;
+        }
+        if (!any) {
+            PreventCommandDuringRecovery("NOTIFY");
+            any = true;
+        }
+        char* queue = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, kQueue);
+        Async_Notify(queue, psprintf(INT64_FORMAT, DatumGetInt64(successor)));
+    }
+}
 
 // (ids bigint[], token bigint) -> integer, how many were completed.
 Datum complete(FunctionCallInfo fcinfo) {
@@ -58,7 +94,9 @@ Datum complete(FunctionCallInfo fcinfo) {
     }
     const Datum now = TimestampTzGetDatum(clock_now());
     lock_claim_events(ids, token);
-    Datum done_args[3] = {ids, token, now};
+    // "Due" as of after the lock waits: a successor that came due while this
+    // call waited is NOTIFYed too.
+    Datum done_args[4] = {ids, token, now, TimestampTzGetDatum(clock_now())};
     run_kept_plan(&move_done, done_args, nullptr, SPI_OK_INSERT_RETURNING);
     const uint64 completed = SPI_processed;
     const bool grouped = spi_any_not_null(kGroupKey);
@@ -66,14 +104,16 @@ Datum complete(FunctionCallInfo fcinfo) {
     if (completed > 0) {
         // Every column is read before the next statement replaces SPI_tuptable.
         const Datum queues = PointerGetDatum(spi_column(kQueue, TEXTOID));
-        const Datum item_keys = PointerGetDatum(spi_column(kItemKey, TEXTOID));
         const Datum group_keys = grouped ? PointerGetDatum(spi_column(kGroupKey, TEXTOID)) : 0;
         const Datum concurrency_keys =
             keyed ? PointerGetDatum(spi_column(kConcurrencyKey, TEXTOID)) : 0;
+        notify_item_key_successors();
         if (grouped) {
             release_emptied_groups(queues, group_keys, token);
         }
-        notify_successors(queues, item_keys, concurrency_keys);
+        if (keyed) {
+            notify_key_waiters(queues, concurrency_keys);
+        }
     }
     SPI_finish();
     PG_RETURN_INT32(static_cast<int32>(completed));
