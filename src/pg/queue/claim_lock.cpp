@@ -31,40 +31,37 @@ namespace {
     "   AND x.state IN ('pending', 'claimed') AND upper(x.state) = 'CLAIMED'"       \
     "   AND x.group_key IS NOT NULL OFFSET 0"
 
-// Whether the group claims of the events hold events besides them: more
-// events claimed with the token in their groups than the events given
-// (counts, not a test of each against $1: linear in the group's size, and
-// NULL elements of $1 change neither side). A claim's events are fixed
-// when it is made and can only leave it, so a snapshot that shows none
-// besides them stays right until the commit: then locking the events
-// alone, in id order, is step 1, and lock_claim's group join (for a whole
-// group, twice the cost of the rest of the lock) is not needed.
-KeptPlan claim_holds_others{
-    "SELECT (SELECT count(*) FROM (" CLAIM_GROUPS_OF_IDS
+// The first step, one statement: the events given, in id order, if each is
+// an ungrouped event of the claim (throttle.claim's claims; a claim's
+// events are all grouped or all ungrouped): then nothing else needs a lock,
+// and the result is NULL. Otherwise (grouped events, ids of no event of the
+// claim, an id twice or NULL) it has locked no grouped event, so the steps
+// below keep the one id order, and the result says whether the group
+// claims of the events hold events besides them: more events claimed with
+// the token in their groups than the events given (counts, not a test of
+// each against $1: linear in the group's size, and NULL elements of $1
+// change neither side). A claim's events are fixed when it is made and can
+// only leave it, so a snapshot that shows none besides them stays right
+// until the commit: then locking the events alone, in id order, is the next
+// step, and lock_claim's group join (for a whole group, twice the cost of
+// the rest of the lock) is not needed.
+KeptPlan lock_start{
+    "SELECT CASE"
+    " WHEN (SELECT count(*) FROM (SELECT 1 FROM throttle.event g"
+    "                             WHERE g.id = ANY ($1) AND upper(g.state) = 'CLAIMED'"
+    "                               AND g.claim_token = $2 AND g.group_key IS NULL"
+    "                               AND throttle._acts_as(g.claimed_role)"
+    "                             ORDER BY g.id"
+    "                             FOR UPDATE OF g) AS locked)"
+    "      = cardinality($1) THEN NULL"
+    " ELSE (SELECT count(*) FROM (" CLAIM_GROUPS_OF_IDS
     ") AS c"
-    "        CROSS JOIN LATERAL (" CLAIMED_IN_GROUP_OF_C
+    "       CROSS JOIN LATERAL (" CLAIMED_IN_GROUP_OF_C
     ") AS x)"
-    "     > (SELECT count(*) FROM throttle.event e"
-    "        WHERE e.id = ANY ($1) AND e.group_key IS NOT NULL AND e.claim_token = $2"
-    "          AND upper(e.state) = 'CLAIMED')",
-    2,
-    {INT8ARRAYOID, INT8OID},
-    nullptr};
-
-// The first step: the events given, in id order, if each is an ungrouped
-// event of the claim (throttle.claim's claims; a claim's events are all
-// grouped or all ungrouped). Then nothing else needs a lock, and the group
-// counts of claim_holds_others are not needed. Otherwise (grouped events,
-// ids of no event of the claim, an id twice or NULL) it has locked no
-// grouped event, so the steps below keep the one id order.
-KeptPlan lock_ungrouped{
-    "SELECT (SELECT count(*) FROM (SELECT 1 FROM throttle.event g"
-    "                              WHERE g.id = ANY ($1) AND upper(g.state) = 'CLAIMED'"
-    "                                AND g.claim_token = $2 AND g.group_key IS NULL"
-    "                                AND throttle._acts_as(g.claimed_role)"
-    "                              ORDER BY g.id"
-    "                              FOR UPDATE OF g) AS locked)"
-    "     = cardinality($1)",
+    "    > (SELECT count(*) FROM throttle.event e"
+    "       WHERE e.id = ANY ($1) AND e.group_key IS NOT NULL AND e.claim_token = $2"
+    "         AND upper(e.state) = 'CLAIMED')"
+    " END",
     2,
     {INT8ARRAYOID, INT8OID},
     nullptr};
@@ -109,15 +106,15 @@ KeptPlan lock_claim{
 
 void lock_claim_events(Datum ids, Datum token) {
     Datum args[2] = {ids, token};
-    bool is_null = false;
-    run_kept_plan(&lock_ungrouped, args, nullptr, SPI_OK_SELECT, 1);
-    if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null))) {
+    run_kept_plan(&lock_start, args, nullptr, SPI_OK_SELECT, 1);
+    bool done = false;
+    const Datum holds_others =
+        SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &done);
+    if (done) {
         return;
     }
-    run_kept_plan(&claim_holds_others, args, nullptr, SPI_OK_SELECT, 1);
-    const bool holds_others =
-        DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
-    run_kept_plan(holds_others ? &lock_claim : &lock_events, args, nullptr, SPI_OK_SELECT);
+    run_kept_plan(DatumGetBool(holds_others) ? &lock_claim : &lock_events, args, nullptr,
+                  SPI_OK_SELECT);
 }
 
 }  // namespace pg_throttle::pg
