@@ -75,6 +75,20 @@ def while_held(holder, caller, sql, params=None, linger=0.0):
     return result
 
 
+def behind_open_extend(claim, sql, linger):
+    """Runs sql (its parameters: the claim's id and token) in a session of
+    its own while an extend of `claim` (id, token) stays open in another,
+    which commits `linger` seconds after sql is seen waiting; returns what
+    while_held does."""
+    extender = connect(autocommit=False)
+    execute(extender, "SELECT throttle.extend(ARRAY[%s]::bigint[], %s, '5 minutes')", claim)
+    worker = connect()
+    result = while_held(extender, worker, sql, claim, linger=linger)
+    worker.close()
+    extender.close()
+    return result
+
+
 def heard(listener, wait=5):
     """The payloads (ints) of the first notifications listener gets within
     `wait` seconds."""
@@ -508,20 +522,14 @@ def main():
     fresh(cur, "d.latewake")
     cur.execute("SELECT throttle.schedule('d.latewake', 'k', now())")
     claim = one(admin, "SELECT id, claim_token FROM throttle.claim('d.latewake', 'w1')")
-    extender = connect(autocommit=False)
-    execute(extender, "SELECT throttle.extend(ARRAY[%s]::bigint[], %s, '5 minutes')", claim)
     listener = connect()
     listener.cursor().execute('LISTEN "d.latewake"')
-    worker = connect()
-    # Committed 0.6 s after fail began to wait: its retry, due 300 ms after
-    # fail began, is due by then.
-    result = while_held(extender, worker, "SELECT throttle.fail(ARRAY[%s]::bigint[], %s, 'boom', '300 ms')",
-                        claim, linger=0.6)
+    # The extend commits 0.6 s after fail began to wait: its retry, due
+    # 300 ms after fail began, is due by then.
+    result = behind_open_extend(claim, "SELECT throttle.fail(ARRAY[%s]::bigint[], %s, 'boom', '300 ms')", 0.6)
     tap.is_((result.get("rows"), result["waited"], heard(listener)), ([(1,)], True, [claim[0]]),
             "fail that waited past its retry's run_at NOTIFYs the retry")
     listener.close()
-    worker.close()
-    extender.close()
 
     # 56-57: complete NOTIFYs the run of its event's item_key that was
     # scheduled while the event ran (it waited for the claim to end), and
@@ -544,16 +552,10 @@ def main():
     claim = one(admin, "SELECT id, claim_token FROM throttle.claim('d.succ', 'w1')")
     # Due 300 ms from now; complete waits 0.6 s for an extend left open.
     successor = one(admin, "SELECT throttle.schedule('d.succ', 'k', now() + interval '300 ms')")[0]
-    extender = connect(autocommit=False)
-    execute(extender, "SELECT throttle.extend(ARRAY[%s]::bigint[], %s, '5 minutes')", claim)
-    worker = connect()
-    result = while_held(extender, worker, "SELECT throttle.complete(ARRAY[%s]::bigint[], %s)", claim,
-                        linger=0.6)
+    result = behind_open_extend(claim, "SELECT throttle.complete(ARRAY[%s]::bigint[], %s)", 0.6)
     tap.is_((result.get("rows"), result["waited"], heard(listener)), ([(1,)], True, [successor]),
             "complete that waited past the next run's run_at NOTIFYs it")
     listener.close()
-    worker.close()
-    extender.close()
 
     # 38: a claim that expired while a newer run of its item_key waits is
     # not run again with its old payload: the newer run replaces it.

@@ -79,15 +79,18 @@ KeptPlan expired_claims{
 // And whether any ungrouped claim's lease has ended (a probe of
 // event_leases_single): step 1's scan runs only then, one statement fewer
 // for a claim that finds none.
-KeptPlan claim_start{
-    "SELECT " TOP_PENDING_PRIORITY(
-        "") ", " PG_THROTTLE_FULL_CONCURRENCY_KEYS
-            ", EXISTS (SELECT 1 FROM throttle.event e"
-            "          WHERE e.queue = $1 AND e.state = 'claimed' AND e.lease_until <= $2"
-            "            AND e.group_key IS NULL)",
-    2,
-    {TEXTOID, TIMESTAMPTZOID},
-    nullptr};
+#define ANY_EXPIRED_CLAIM                                                        \
+    "EXISTS (SELECT 1 FROM throttle.event e"                                     \
+    "        WHERE e.queue = $1 AND e.state = 'claimed' AND e.lease_until <= $2" \
+    "          AND e.group_key IS NULL)"
+
+KeptPlan claim_start{"SELECT " TOP_PENDING_PRIORITY("") ", " PG_THROTTLE_FULL_CONCURRENCY_KEYS
+                                                        ", " ANY_EXPIRED_CLAIM,
+                     2,
+                     {TEXTOID, TIMESTAMPTZOID},
+                     nullptr};
+
+#undef ANY_EXPIRED_CLAIM
 enum StartColumn : int { kTopPriority = 1, kFullKeys = 2, kAnyExpired = 3 };
 
 // The highest priority below $2 (the same backward scan).

@@ -16,12 +16,9 @@
 #include "pg/kept_plan.hpp"
 #include "pg/queue/claim_end.hpp"
 #include "pg/queue/claim_lock.hpp"
+#include "pg/queue/event_notify.hpp"
 #include "pg/queue/event_rows.hpp"
 #include "pg/registry.hpp"
-
-extern "C" {
-#include "commands/async.h"
-}
 
 namespace pg_throttle::pg {
 namespace {
@@ -62,22 +59,16 @@ enum DoneColumn : int {
 };
 
 // NOTIFYs, on its queue's channel, the successor of each moved event that
-// has one (as pg_notify does: heard when the transaction commits).
+// has one.
 void notify_item_key_successors() {
-    bool any = false;
     for (uint64 i = 0; i < SPI_processed; ++i) {
         bool is_null = true;
         const Datum successor =
             SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, kSuccessor, &is_null);
-        if (is_null) {
-            continue;
+        if (!is_null) {
+            notify_event(SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, kQueue),
+                         DatumGetInt64(successor));
         }
-        if (!any) {
-            PreventCommandDuringRecovery("NOTIFY");
-            any = true;
-        }
-        char* queue = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, kQueue);
-        Async_Notify(queue, psprintf(INT64_FORMAT, DatumGetInt64(successor)));
     }
 }
 

@@ -16,11 +16,8 @@
 #include "pg/clock.hpp"
 #include "pg/kept_plan.hpp"
 #include "pg/queue/caller.hpp"
+#include "pg/queue/event_notify.hpp"
 #include "pg/registry.hpp"
-
-extern "C" {
-#include "commands/async.h"
-}
 
 namespace pg_throttle::pg {
 namespace {
@@ -152,10 +149,7 @@ Datum schedule(FunctionCallInfo fcinfo) {
         SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &is_null));
     SPI_finish();
     if (run_at <= now) {
-        // As pg_notify does: the channel (the queue's name, checked above)
-        // hears the id when the transaction commits.
-        PreventCommandDuringRecovery("NOTIFY");
-        Async_Notify(text_to_cstring(PG_GETARG_TEXT_PP(kQueue)), psprintf(INT64_FORMAT, id));
+        notify_event(text_to_cstring(PG_GETARG_TEXT_PP(kQueue)), id);  // checked above
     }
     PG_RETURN_INT64(id);
 }
