@@ -123,10 +123,9 @@ run_throttle_rows() {  # run_throttle_rows CONFIG: the three that use throttle.e
                                      'YYYY-MM-DD\"T\"HH24:MI:SS.USZ'), '-infinity')
                                    || ' -D frontier_id=' || id
                             FROM bound_frontier")
-    record "no_claim_write,$1" queue-bound/no_claim_write.sql -D queue=no_write \
-        -D frontier_at=-infinity -D frontier_id=0
+    record "no_claim_write,$1" queue-bound/no_claim_write.sql
     # shellcheck disable=SC2086  # two options, each a word
-    record "key_range,$1" queue-bound/no_claim_write.sql -D queue=key_range $frontier
+    record "key_range,$1" queue-bound/key_range.sql $frontier
     record "claim,$1" queue-bound/claim.sql
 }
 

@@ -1,18 +1,13 @@
 -- A claim that writes nothing to the event, as one whose bookkeeping lived in
--- shared memory would: each due row of queue :queue is tested against the
--- claims in force (here: its rows with a claim_token; a shared-memory table
--- of claims would answer the same question per row), and the scan starts
--- past (:frontier_at, :frontier_id): '-infinity' and 0 for the claim that
--- tests every row, the key the claims in force end at for one that shared
--- memory kept ordered by (run_at, id) (its best case: claims in force
--- scattered among free events would cost a step each). The row lock stands
--- for the journal record that such a claim must flush to survive a crash.
--- Then, in a transaction of its own, complete's move to the history, as
+-- a shared-memory table would: each due row is tested against the claims in
+-- force (here: the rows of queue 'no_write' with a claim_token; such a table
+-- would answer the same question per row), and the row lock stands for the
+-- journal record that such a claim must flush to survive a crash. Then, in a
+-- transaction of its own, complete's move to the history, as
 -- throttle.complete does it.
 SELECT e.id FROM throttle.event e
-WHERE e.queue = :queue AND e.state = 'pending' AND e.group_key IS NULL AND e.priority = 0
+WHERE e.queue = 'no_write' AND e.state = 'pending' AND e.group_key IS NULL AND e.priority = 0
   AND e.run_at <= now() AND e.claim_token IS NULL
-  AND (e.run_at, e.id) > (:frontier_at::timestamptz, :frontier_id::bigint)
 ORDER BY e.run_at, e.id LIMIT 1 FOR UPDATE SKIP LOCKED \gset
 WITH done AS (DELETE FROM throttle.event e WHERE e.id = :id RETURNING e.*)
 INSERT INTO throttle.event_history
