@@ -81,12 +81,13 @@ def behind_open_extend(claim, sql, linger):
     which commits `linger` seconds after sql is seen waiting; returns what
     while_held does."""
     extender = connect(autocommit=False)
-    execute(extender, "SELECT throttle.extend(ARRAY[%s]::bigint[], %s, '5 minutes')", claim)
     worker = connect()
-    result = while_held(extender, worker, sql, claim, linger=linger)
-    worker.close()
-    extender.close()
-    return result
+    try:
+        execute(extender, "SELECT throttle.extend(ARRAY[%s]::bigint[], %s, '5 minutes')", claim)
+        return while_held(extender, worker, sql, claim, linger=linger)
+    finally:
+        worker.close()
+        extender.close()
 
 
 def heard(listener, wait=5):

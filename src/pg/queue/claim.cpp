@@ -91,6 +91,7 @@ KeptPlan claim_start{"SELECT " TOP_PENDING_PRIORITY("") ", " PG_THROTTLE_FULL_CO
                      nullptr};
 
 #undef ANY_EXPIRED_CLAIM
+
 enum StartColumn : int { kTopPriority = 1, kFullKeys = 2, kAnyExpired = 3 };
 
 // The highest priority below $2 (the same backward scan).
