@@ -30,6 +30,12 @@ struct PartitionState {
     // earliest expiry that survived it. Keeps a full registry from rescanning
     // every entry on every call.
     core::Micros reclaim_not_before;
+    // Per kind, the grants and denials of entries dropped since the start
+    // (and of calls decided on an entry never stored), so that the totals
+    // of throttle.registry_metrics survive reclaim. Added to with __atomic
+    // builtins: calls decided under the shared lock add to them too.
+    uint64 retired_grants[kEntryKindCount];
+    uint64 retired_denials[kEntryKindCount];
 };
 
 // Registry-wide state in shared memory.
@@ -170,9 +176,20 @@ void link_entry(PartitionState& partition, RegistryEntry* entry) {
     dlist_push_tail(&partition.entries, &entry->link);
 }
 
+// Keeps the counters of an entry that is about to be dropped, or of a copy
+// that a call was decided on without storing it (registry_metrics).
+void retire_counters(PartitionState& partition, const RegistryEntry& entry) {
+    const uint8 kind = entry.key.kind < kEntryKindCount ? entry.key.kind : 0;
+    __atomic_fetch_add(&partition.retired_grants[kind],
+                       __atomic_load_n(&entry.grants, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+    __atomic_fetch_add(&partition.retired_denials[kind],
+                       __atomic_load_n(&entry.denials, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+}
+
 // Drops an entry: from its partition's list, its owner's and database's
 // counts and the hash table. The caller holds the partition's exclusive lock.
 void remove_entry(RegistryEntry* entry) {
+    retire_counters(partition_state_of(*entry), *entry);
     dlist_delete(&entry->link);
     quota_uncharge(entry->owner, entry->key.dbid);
     hash_search(registry, &entry->key, HASH_REMOVE, nullptr);
@@ -267,6 +284,7 @@ Attempt try_apply(const RegistryKey& key, uint32 hash, Oid role, const EntryOp& 
             free_entry.key = key;
             clear_state(&free_entry);
             if (op.decide_shared(&free_entry, ctx)) {
+                retire_counters(partition, free_entry);
                 return Attempt::kDone;
             }
         } else if (op.born != nullptr &&
@@ -284,6 +302,7 @@ Attempt try_apply(const RegistryKey& key, uint32 hash, Oid role, const EntryOp& 
             op.born(&born_entry, *unknown_since, ctx);
             born_entry.born = true;
             if (op.decide_shared(&born_entry, ctx)) {
+                retire_counters(partition, born_entry);
                 return Attempt::kDone;
             }
         }
@@ -386,6 +405,8 @@ void registry_attach_shmem() {
         for (PartitionState& partition : shared_state->partitions) {
             dlist_init(&partition.entries);
             partition.reclaim_not_before = core::kNever;
+            memset(partition.retired_grants, 0, sizeof(partition.retired_grants));
+            memset(partition.retired_denials, 0, sizeof(partition.retired_denials));
         }
         for (core::Micros& since : shared_state->unknown_since) {
             since = kKnown;
@@ -561,6 +582,10 @@ int64 registry_entry_count() {
     return hash_get_num_entries(registry);
 }
 
+int64 registry_capacity() {
+    return max_entries;
+}
+
 bool registry_remove(const RegistryKey& key) {
     registry_notice_promotion();
     const uint32 hash = get_hash_value(registry, &key);
@@ -720,6 +745,35 @@ void registry_notice_promotion() {
     if (forgot) {
         ereport(LOG, (errmsg("pg_throttle noticed the promotion: resources and buckets not known "
                              "since now count as granted now; leases stay as replayed")));
+    }
+}
+
+void registry_metrics(RegistryKindMetrics* kinds) {
+    registry_notice_promotion();
+    memset(kinds, 0, sizeof(RegistryKindMetrics) * kEntryKindCount);
+    const core::Micros real_now = GetCurrentTimestamp();
+    for (int i = 0; i < kPartitions; i++) {
+        PartitionState& partition = partition_state(i);
+        PartitionLock shared(partition_lock_at(i), LW_SHARED);
+        for (int kind = 0; kind < kEntryKindCount; kind++) {
+            kinds[kind].grants +=
+                __atomic_load_n(&partition.retired_grants[kind], __ATOMIC_RELAXED);
+            kinds[kind].denials +=
+                __atomic_load_n(&partition.retired_denials[kind], __ATOMIC_RELAXED);
+        }
+        for_each_entry(&partition.entries, [&](RegistryEntry* entry) {
+            const auto kind = static_cast<EntryKind>(entry->key.kind);
+            RegistryKindMetrics& totals =
+                kinds[entry->key.kind < kEntryKindCount ? entry->key.kind : 0];
+            totals.entries++;
+            // In force by the real clock: a test clock is one session's.
+            totals.in_force += real_now < entry->expires_at ? 1 : 0;
+            totals.grants += __atomic_load_n(&entry->grants, __ATOMIC_RELAXED);
+            totals.denials += __atomic_load_n(&entry->denials, __ATOMIC_RELAXED);
+            if (kind == EntryKind::kLock || kind == EntryKind::kQueueGroup) {
+                totals.waiters += __atomic_load_n(&entry->of.lock.waiters, __ATOMIC_RELAXED);
+            }
+        });
     }
 }
 

@@ -189,8 +189,25 @@ void registry_mark_unknown_since(EntryKind kind, core::Micros restart);
 std::optional<core::Micros> registry_unknown_since(EntryKind kind);
 core::Micros registry_max_lease();
 
-// How many entries the registry holds (live or not yet reclaimed).
+// How many entries the registry holds (live or not yet reclaimed), and
+// how many it can hold (pg_throttle.max_entries).
 int64 registry_entry_count();
+int64 registry_capacity();
+
+// Server-wide totals of one kind of entry (throttle.registry_metrics).
+struct RegistryKindMetrics {
+    int64 entries;   // held, in force or not yet reclaimed
+    int64 in_force;  // by the real clock
+    // Since the server started: of the entries held, and of those dropped
+    // since (entries restored from a checkpoint bring their own counts).
+    uint64 grants;
+    uint64 denials;
+    int64 waiters;  // backends queued for a lock or a group
+};
+
+// Fills `kinds[kind]` for every EntryKind value (index 0 unused), one
+// partition at a time under its shared lock.
+void registry_metrics(RegistryKindMetrics* kinds);
 
 // Drops the entry of `key` if there is one; returns whether there was.
 bool registry_remove(const RegistryKey& key);

@@ -198,3 +198,26 @@ CREATE VIEW throttle.usage AS
 COMMENT ON VIEW throttle.usage IS
     'One row per role (scope ''role'') and per database (scope ''database'') holding registry entries, server-wide: how many, the quota that applies (pg_throttle.role_quota or pg_throttle.database_quota, in entries, by the viewing session''s settings; NULL at 100: no quota) and the share of pg_throttle.max_entries used.';
 GRANT SELECT ON throttle.usage TO PUBLIC;
+
+--
+-- What an operator graphs and alerts on (monitoring/queries.yaml, for
+-- prometheus-postgres-exporter).
+--
+CREATE FUNCTION throttle.registry_metrics(
+    OUT kind text, OUT entries bigint, OUT in_force bigint, OUT capacity bigint,
+    OUT grants bigint, OUT denials bigint, OUT waiters bigint)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'pg_throttle_registry_metrics'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle.registry_metrics() IS
+    'Server-wide totals of the shared-memory registry per kind; see the view throttle.registry_metrics. Sums every database and role: not granted to PUBLIC, granted to pg_read_all_stats (and so to pg_monitor).';
+REVOKE EXECUTE ON FUNCTION throttle.registry_metrics() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION throttle.registry_metrics() TO pg_read_all_stats;
+
+CREATE VIEW throttle.registry_metrics AS
+    SELECT kind, entries, in_force, capacity, grants, denials, waiters
+    FROM throttle.registry_metrics();
+COMMENT ON VIEW throttle.registry_metrics IS
+    'One row per kind of registry entry (resource, bucket, lock, group, queue_bucket, group_bucket), server-wide: entries held (in force or not yet reclaimed), entries in force by the real clock, the registry''s capacity (pg_throttle.max_entries, shared by every kind), grants and denials since the server started (counters: entries dropped since keep their share; entries restored from a checkpoint bring theirs), and backends waiting for a lock or a group. For superusers and pg_read_all_stats (pg_monitor).';
+REVOKE SELECT ON throttle.registry_metrics FROM PUBLIC;
+GRANT SELECT ON throttle.registry_metrics TO pg_read_all_stats;

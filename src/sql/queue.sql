@@ -978,3 +978,23 @@ $$;
 COMMENT ON FUNCTION throttle.purge(interval, text, text[]) IS
     'Deletes finished events that finished more than older_than ago, of one queue or all, in the given states: done and cancelled (throttle.event_history) unless asked; dead events (throttle.event), which nobody has resolved, only when states names them. Returns how many events; their attempts (throttle.event_attempt) go with them. The only way events are deleted.';
 REVOKE EXECUTE ON FUNCTION throttle.purge(interval, text, text[]) FROM PUBLIC;
+
+--
+-- What an operator graphs and alerts on, per queue of this database
+-- (monitoring/queries.yaml).
+--
+CREATE VIEW throttle.queue_metrics AS
+    SELECT e.queue,
+           count(*) FILTER (WHERE e.state = 'pending' AND e.run_at <= n.now) AS due,
+           count(*) FILTER (WHERE e.state = 'pending' AND e.run_at > n.now) AS scheduled,
+           count(*) FILTER (WHERE e.state = 'claimed') AS claimed,
+           count(*) FILTER (WHERE e.state = 'claimed' AND e.lease_until <= n.now) AS claims_expired,
+           count(*) FILTER (WHERE e.state = 'dead') AS dead,
+           coalesce(extract(epoch FROM n.now - min(e.run_at) FILTER (
+               WHERE e.state = 'pending' AND e.run_at <= n.now)), 0)::double precision
+               AS oldest_due_seconds
+    FROM throttle.event e CROSS JOIN (SELECT throttle.now() AS now) n
+    GROUP BY e.queue, n.now;
+COMMENT ON VIEW throttle.queue_metrics IS
+    'One row per queue of this database with events in throttle.event: events due (pending, run_at passed; some may wait behind a claimed run of their item_key or a held group), scheduled for later, claimed, claimed whose lease has ended (a worker died or stalled; the next claim takes them over), dead, and the age in seconds of the oldest due event (0 when none is due). Reads the whole of throttle.event: scrape it every few seconds, not in a loop. Readable by everyone, as throttle.event is.';
+GRANT SELECT ON throttle.queue_metrics TO PUBLIC;

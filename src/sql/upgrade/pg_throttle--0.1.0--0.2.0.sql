@@ -955,3 +955,46 @@ BEGIN
     END LOOP;
 END
 $$;
+
+--
+-- What an operator graphs and alerts on (monitoring/queries.yaml, for
+-- prometheus-postgres-exporter).
+--
+CREATE FUNCTION throttle.registry_metrics(
+    OUT kind text, OUT entries bigint, OUT in_force bigint, OUT capacity bigint,
+    OUT grants bigint, OUT denials bigint, OUT waiters bigint)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'pg_throttle_registry_metrics'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle.registry_metrics() IS
+    'Server-wide totals of the shared-memory registry per kind; see the view throttle.registry_metrics. Sums every database and role: not granted to PUBLIC, granted to pg_read_all_stats (and so to pg_monitor).';
+REVOKE EXECUTE ON FUNCTION throttle.registry_metrics() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION throttle.registry_metrics() TO pg_read_all_stats;
+
+CREATE VIEW throttle.registry_metrics AS
+    SELECT kind, entries, in_force, capacity, grants, denials, waiters
+    FROM throttle.registry_metrics();
+COMMENT ON VIEW throttle.registry_metrics IS
+    'One row per kind of registry entry (resource, bucket, lock, group, queue_bucket, group_bucket), server-wide: entries held (in force or not yet reclaimed), entries in force by the real clock, the registry''s capacity (pg_throttle.max_entries, shared by every kind), grants and denials since the server started (counters: entries dropped since keep their share; entries restored from a checkpoint bring theirs), and backends waiting for a lock or a group. For superusers and pg_read_all_stats (pg_monitor).';
+REVOKE SELECT ON throttle.registry_metrics FROM PUBLIC;
+GRANT SELECT ON throttle.registry_metrics TO pg_read_all_stats;
+
+--
+-- What an operator graphs and alerts on, per queue of this database
+-- (monitoring/queries.yaml).
+--
+CREATE VIEW throttle.queue_metrics AS
+    SELECT e.queue,
+           count(*) FILTER (WHERE e.state = 'pending' AND e.run_at <= n.now) AS due,
+           count(*) FILTER (WHERE e.state = 'pending' AND e.run_at > n.now) AS scheduled,
+           count(*) FILTER (WHERE e.state = 'claimed') AS claimed,
+           count(*) FILTER (WHERE e.state = 'claimed' AND e.lease_until <= n.now) AS claims_expired,
+           count(*) FILTER (WHERE e.state = 'dead') AS dead,
+           coalesce(extract(epoch FROM n.now - min(e.run_at) FILTER (
+               WHERE e.state = 'pending' AND e.run_at <= n.now)), 0)::double precision
+               AS oldest_due_seconds
+    FROM throttle.event e CROSS JOIN (SELECT throttle.now() AS now) n
+    GROUP BY e.queue, n.now;
+COMMENT ON VIEW throttle.queue_metrics IS
+    'One row per queue of this database with events in throttle.event: events due (pending, run_at passed; some may wait behind a claimed run of their item_key or a held group), scheduled for later, claimed, claimed whose lease has ended (a worker died or stalled; the next claim takes them over), dead, and the age in seconds of the oldest due event (0 when none is due). Reads the whole of throttle.event: scrape it every few seconds, not in a loop. Readable by everyone, as throttle.event is.';
+GRANT SELECT ON throttle.queue_metrics TO PUBLIC;
