@@ -3,6 +3,7 @@
 #include "pg/durability/lease_journal.hpp"
 #include "pg/durability/wal.hpp"
 #include "pg/locks/lock_waiters.hpp"
+#include "pg/locks/locks.hpp"
 #include "pg/registry.hpp"
 
 #include "pg/clock.hpp"
@@ -13,6 +14,10 @@
 #include "pg/pg_headers.hpp"
 
 extern "C" {
+#include "tcop/utility.h"
+}
+
+extern "C" {
 PG_THROTTLE_MODULE_MAGIC;
 void _PG_init(void);
 }
@@ -21,6 +26,29 @@ namespace {
 
 shmem_request_hook_type previous_shmem_request = nullptr;
 shmem_startup_hook_type previous_shmem_startup = nullptr;
+ProcessUtility_hook_type previous_process_utility = nullptr;
+
+// DISCARD ALL, which poolers send between clients, releases this session's
+// locks as it releases advisory locks. After the command: a DISCARD ALL
+// that fails (inside a transaction block) releases nothing. Holds only
+// trivially destructible objects: the standard processing may raise.
+void on_process_utility(PlannedStmt* pstmt, const char* query_string, bool read_only_tree,
+                        ProcessUtilityContext context, ParamListInfo params,
+                        QueryEnvironment* query_env, DestReceiver* dest, QueryCompletion* qc) {
+    Node* statement = pstmt->utilityStmt;
+    const bool discard_all = IsA(statement, DiscardStmt) &&
+                             reinterpret_cast<DiscardStmt*>(statement)->target == DISCARD_ALL;
+    if (previous_process_utility != nullptr) {
+        previous_process_utility(pstmt, query_string, read_only_tree, context, params, query_env,
+                                 dest, qc);
+    } else {
+        standard_ProcessUtility(pstmt, query_string, read_only_tree, context, params, query_env,
+                                dest, qc);
+    }
+    if (discard_all) {
+        pg_throttle::pg::lock_release_session_locks();
+    }
+}
 
 void on_shmem_request() {
     if (previous_shmem_request != nullptr) {
@@ -67,4 +95,6 @@ void _PG_init(void) {
     shmem_request_hook = on_shmem_request;
     previous_shmem_startup = shmem_startup_hook;
     shmem_startup_hook = on_shmem_startup;
+    previous_process_utility = ProcessUtility_hook;
+    ProcessUtility_hook = on_process_utility;
 }

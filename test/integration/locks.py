@@ -11,7 +11,7 @@ import time
 import psycopg2
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pgconn import connect, one, pgbench  # noqa: E402
+from pgconn import connect, one, pgbench, sql_error  # noqa: E402
 from tap import Tap  # noqa: E402
 
 
@@ -36,7 +36,7 @@ def waiters(conn, name):
 
 
 def main():
-    tap = Tap(18)
+    tap = Tap(21)
     observer = connect()
 
     # 1. A session lock dies with its session.
@@ -56,6 +56,38 @@ def main():
     tap.ok(token is not None and took < 1.0,
            f"released when the holder's backend is terminated (took {took * 1000:.0f} ms)")
     one(observer, "SELECT throttle.unlock('it.terminated', %s)", (token,))
+
+    # 2b. DISCARD ALL (a pooler's reset between clients) releases the session's
+    # locks as it releases advisory locks, and hands them to a waiter; a lease
+    # is nobody's session's and stays; a DISCARD ALL that fails releases nothing.
+    holder, waiter = connect(), connect()
+    session_token = one(holder, "SELECT throttle.lock('it.discard')")[0]
+    lease_token = one(holder, "SELECT throttle.lock('it.discard.lease', ttl => '1 minute')")[0]
+    holder.autocommit = False
+    tap.ok(sql_error(holder, "DISCARD ALL")[0] == "25001" and
+           one(observer, "SELECT count(*) FROM throttle.locks WHERE name = 'it.discard'")[0] == 1,
+           "DISCARD ALL refused inside a transaction block releases nothing")
+    holder.rollback()
+    holder.autocommit = True
+    got = {}
+    t = threading.Thread(target=lambda: got.update(row=one(
+        waiter, "SELECT throttle.lock('it.discard', NULL, '10 seconds')")))
+    t.start()
+    deadline = time.monotonic() + 5
+    while waiters(observer, "it.discard") != 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    run(holder, "DISCARD ALL")
+    t.join(5)
+    tap.ok(got.get("row") is not None and got["row"][0] is not None and
+           got["row"][0] > session_token,
+           "DISCARD ALL releases the session lock: the waiter gets it, with a greater token",
+           repr(got))
+    tap.is_(one(observer, "SELECT session FROM throttle.locks WHERE name = 'it.discard.lease'"),
+            (False,), "DISCARD ALL leaves the session's lease held")
+    one(waiter, "SELECT throttle.unlock('it.discard', %s)", (got["row"][0],))
+    one(holder, "SELECT throttle.unlock('it.discard.lease', %s)", (lease_token,))
+    holder.close()
+    waiter.close()
 
     # 3. A waiter is woken within milliseconds of the release (server clock).
     holder, waiter = connect(), connect()

@@ -443,6 +443,17 @@ void release_if_own_session_lock(RegistryEntry* entry, void* ctx) {
     }
 }
 
+// Releases the session locks this session holds; a waiter gets each.
+void release_own_session_locks(core::Micros* now) {
+    if (session_lock_keys != nullptr) {
+        HASH_SEQ_STATUS scan;
+        hash_seq_init(&scan, session_lock_keys);
+        while (const auto* key = static_cast<const RegistryKey*>(hash_seq_search(&scan))) {
+            registry_update_existing(*key, release_if_own_session_lock, now);
+        }
+    }
+}
+
 void release_at_exit(int /*code*/, Datum /*arg*/) {
     LWLockReleaseAll();
     core::Micros now = real_now();
@@ -451,13 +462,7 @@ void release_at_exit(int /*code*/, Datum /*arg*/) {
     if (me->waiting || me->granted_token != 0) {
         registry_update_existing(me->key, abandon_wait, &now);
     }
-    if (session_lock_keys != nullptr) {
-        HASH_SEQ_STATUS scan;
-        hash_seq_init(&scan, session_lock_keys);
-        while (const auto* key = static_cast<const RegistryKey*>(hash_seq_search(&scan))) {
-            registry_update_existing(*key, release_if_own_session_lock, &now);
-        }
-    }
+    release_own_session_locks(&now);
 }
 
 void register_exit_callback() {
@@ -603,6 +608,15 @@ bool lock_reset(const RegistryKey& key) {
         write_release(call.record, true);
     }
     return call.done;
+}
+
+void lock_release_session_locks() {
+    core::Micros now = real_now();
+    release_own_session_locks(&now);
+    if (session_lock_keys != nullptr) {
+        hash_destroy(session_lock_keys);
+        session_lock_keys = nullptr;
+    }
 }
 
 }  // namespace pg_throttle::pg

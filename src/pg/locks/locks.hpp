@@ -44,6 +44,11 @@ void lock_release_at_transaction_end(const RegistryKey& key, int64 token);
 // free. Reads only.
 int64 lock_token_held(const RegistryKey& key);
 
+// Releases every session lock this session holds, as the session's end
+// would: for DISCARD ALL, which releases advisory locks too, so that a
+// connection pooler's reset between clients leaves none behind.
+void lock_release_session_locks();
+
 // Ends whatever grant holds the lock of `key` (throttle.reset): the earliest
 // waiter gets it, or it is free. Returns whether it was held.
 bool lock_reset(const RegistryKey& key);
