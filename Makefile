@@ -52,6 +52,18 @@ unit: build/unit
 print-version:
 	@echo $(EXTVERSION)
 
+# The PGXN release: the committed tree at HEAD, less what .gitattributes marks
+# export-ignore, as pg_throttle-VERSION.zip in DIST_DIR (build/ is ignored by
+# git, so no zip is left in the tree). Uncommitted changes are not in it.
+DIST_DIR ?= build
+DIST      = $(DIST_DIR)/$(EXTENSION)-$(EXTVERSION).zip
+.PHONY: dist
+dist:
+	@git diff --quiet HEAD -- || echo "dist: uncommitted changes are not in $(DIST)" >&2
+	@mkdir -p $(DIST_DIR)
+	git archive --format zip --prefix=$(EXTENSION)-$(EXTVERSION)/ -o $(DIST) HEAD
+	@echo $(DIST)
+
 # Lint: the project's clang-format and clang-tidy settings.
 LINT_SRCS = $(CORE_SRCS) $(PG_SRCS) $(UNIT_SRCS)
 LINT_HDRS = $(wildcard src/*/*.hpp src/pg/*/*.hpp)
