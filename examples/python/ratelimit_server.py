@@ -1,0 +1,130 @@
+#!/usr/bin/python3
+"""An HTTP server with a pg_throttle rate limit in front of every request.
+
+    ratelimit_server.py [--dsn DSN] [--port 0] [--rate 2] [--per 1] [--burst 3]
+
+Each request is keyed by its client: the X-Api-Key header, else the client's
+address (behind a proxy, use the address the proxy forwards instead). One
+throttle.take per request takes a unit from the client's bucket, `rate` units
+per `per` seconds with bursts of `burst` (GCRA, in the server's shared memory:
+every process and host that uses the same database shares the limit).
+
+Allowed: 200 and the application's answer. Denied: 429 with Retry-After, the
+whole seconds until the same request would pass, rounded UP (rounded to the
+nearest, 0.4 s would say "come back now" and the client would be refused
+again). Every answer carries the IETF draft's RateLimit-Limit (the burst),
+RateLimit-Remaining and RateLimit-Reset (seconds until the bucket is full).
+
+Connections come from a psycopg_pool pool (Debian: python3-psycopg-pool), in
+autocommit: a take is one statement, and holding a transaction open across
+requests would pin a connection for nothing. Listens on 127.0.0.1; port 0
+picks a free port, printed on the first line of output.
+"""
+import argparse
+import datetime
+import json
+import signal
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+
+def whole_seconds_up(interval):
+    """An interval in whole seconds, rounded up (exactly, in microseconds)."""
+    micros = interval // datetime.timedelta(microseconds=1)
+    return -(-micros // 1_000_000)
+
+
+class RateLimit:
+    """The middleware: one bucket per client key."""
+
+    def __init__(self, pool, rate, per, burst):
+        self.pool, self.rate, self.burst = pool, rate, burst
+        self.per = datetime.timedelta(seconds=per)
+
+    def check(self, key):
+        """Takes a unit for `key`; returns (allowed, headers)."""
+        with self.pool.connection() as conn:
+            allowed, remaining, retry_after, reset_after = conn.execute(
+                "SELECT allowed, remaining, retry_after, reset_after FROM throttle.take(%s, %s, %s, %s)",
+                ("http:" + key, self.rate, self.per, self.burst)).fetchone()
+        headers = {
+            "RateLimit-Limit": str(self.burst),
+            "RateLimit-Remaining": str(remaining),
+            "RateLimit-Reset": str(whole_seconds_up(reset_after)),
+        }
+        if not allowed:
+            headers["Retry-After"] = str(max(1, whole_seconds_up(retry_after)))
+        return allowed, headers
+
+
+def app(request):
+    """The application behind the limit: answers who asked for what."""
+    return {"path": request.path, "client": request.client_key()}
+
+
+class Handler(BaseHTTPRequestHandler):
+    limit = None                    # a RateLimit, set by main()
+    protocol_version = "HTTP/1.1"   # keep-alive: a client may send many requests on one connection
+
+    def client_key(self):
+        api_key = self.headers.get("X-Api-Key")
+        return f"key:{api_key}" if api_key else f"addr:{self.client_address[0]}"
+
+    def do_GET(self):
+        try:
+            allowed, headers = self.limit.check(self.client_key())
+        except psycopg.Error as e:
+            # Fail closed: without the database there is no limit to enforce.
+            self.log_error("rate limit unavailable: %s", e)
+            self.answer(503, {"error": "rate limit unavailable"}, {"Retry-After": "1"})
+            return
+        if allowed:
+            self.answer(200, app(self), headers)
+        else:
+            self.answer(429, {"error": "too many requests"}, headers)
+
+    do_POST = do_GET
+
+    def answer(self, status, body, headers):
+        data = (json.dumps(body) + "\n").encode()
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", default="", help="connection string (default: the libpq environment)")
+    parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: pick a free one)")
+    parser.add_argument("--rate", type=int, default=2, help="units per --per")
+    parser.add_argument("--per", type=float, default=1, help="seconds")
+    parser.add_argument("--burst", type=int, default=None, help="bucket size (default: --rate)")
+    parser.add_argument("--pool", type=int, default=4, help="most database connections")
+    args = parser.parse_args()
+
+    pool = ConnectionPool(args.dsn, min_size=1, max_size=args.pool, kwargs={"autocommit": True})
+    pool.wait(timeout=10)           # fail at start, not on the first request, if the database is away
+    Handler.limit = RateLimit(pool, args.rate, args.per, args.burst or args.rate)
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    # SIGTERM ends serve_forever like Ctrl-C, so that the pool is closed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    print(f"listening on http://127.0.0.1:{server.server_address[1]}/", flush=True)
+    try:
+        server.serve_forever()
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        server.server_close()
+        pool.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
