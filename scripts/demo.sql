@@ -33,3 +33,60 @@ FROM throttle.status ORDER BY name;
 RESET pg_throttle.test_clock;
 SELECT count(*) FILTER (WHERE throttle.acquire('tick', '1 second')) AS granted, count(*) AS calls
 FROM generate_series(1, 2000);
+
+\echo
+\echo '== Rate limit: an API key may make 3 calls, then 1 per second (GCRA bucket, burst 3).'
+SET pg_throttle.test_clock = '2030-01-03 09:00:00+00';
+SELECT 1 AS call, * FROM throttle.take('api:key-42', 1, '1 second', 3)
+UNION ALL SELECT 2, * FROM throttle.take('api:key-42', 1, '1 second', 3)
+UNION ALL SELECT 3, * FROM throttle.take('api:key-42', 1, '1 second', 3)
+UNION ALL SELECT 4, * FROM throttle.take('api:key-42', 1, '1 second', 3);
+\echo '   ... 0.5 s later the 5th call still waits; a second after the 4th it passes:'
+SET pg_throttle.test_clock = '2030-01-03 09:00:00.5+00';
+SELECT allowed, retry_after FROM throttle.take('api:key-42', 1, '1 second', 3);
+SET pg_throttle.test_clock = '2030-01-03 09:00:01+00';
+SELECT allowed, remaining FROM throttle.take('api:key-42', 1, '1 second', 3);
+RESET pg_throttle.test_clock;
+
+\echo
+\echo '== A lease with a fence token: a writer that paused past its lease is refused.'
+CREATE TEMP TABLE report (id int PRIMARY KEY, body text, fence bigint NOT NULL DEFAULT 0);
+INSERT INTO report VALUES (1, 'empty');
+SELECT throttle.lock('report-writer', ttl => '200 milliseconds') AS token_a \gset
+\echo '   writer A holds the lease, token' :token_a '- and pauses longer than its ttl:'
+SELECT 'paused 300 ms' AS writer_a FROM pg_sleep(0.3);
+SELECT throttle.lock('report-writer', ttl => '1 minute') AS token_b \gset
+\echo '   writer B takes the expired lease with token' :token_b 'and writes, fenced:'
+WITH w AS (UPDATE report SET body = 'written by B', fence = :token_b
+           WHERE id = 1 AND fence < :token_b RETURNING 1)
+SELECT count(*) AS rows_written_by_b FROM w;
+\echo '   A wakes up and writes with its stale token: no row qualifies, and its unlock fails:'
+WITH w AS (UPDATE report SET body = 'written by A', fence = :token_a
+           WHERE id = 1 AND fence < :token_a RETURNING 1)
+SELECT count(*) AS rows_written_by_a FROM w;
+SELECT body, fence = :token_b AS fenced_by_b FROM report;
+SELECT throttle.unlock('report-writer', :token_a) AS a_unlocks,
+       throttle.unlock('report-writer', :token_b) AS b_unlocks;
+
+\echo
+\echo '== Scheduled events with group claims: one worker per customer at a time.'
+SELECT count(*) AS scheduled FROM (
+    SELECT throttle.schedule('orders', 'order:' || n, now() - interval '1 second',
+                             jsonb_build_object('order', n), group_key => 'customer:' || (n % 2 + 1))
+    FROM generate_series(1, 5) AS n) s;
+SELECT group_key AS group_a, array_agg(item_key ORDER BY id) AS events_a,
+       min(claim_token) AS token_a
+FROM throttle.claim_group('orders', 'worker-a', '1 minute') GROUP BY group_key \gset
+\echo '   worker-a claimed' :group_a ':' :events_a
+SELECT group_key AS group_b, array_agg(item_key ORDER BY id) AS events_b,
+       min(claim_token) AS token_b
+FROM throttle.claim_group('orders', 'worker-b', '1 minute') GROUP BY group_key \gset
+\echo '   worker-b claimed' :group_b ':' :events_b
+\echo '   worker-c finds both customers held, and gets nothing:'
+SELECT count(*) AS claimed_by_worker_c FROM throttle.claim_group('orders', 'worker-c', '1 minute');
+SELECT throttle.complete(array_agg(id), :token_a) AS completed_by_a
+FROM throttle.event WHERE claim_token = :token_a;
+SELECT throttle.complete(array_agg(id), :token_b) AS completed_by_b
+FROM throttle.event WHERE claim_token = :token_b;
+SELECT item_key, group_key, state, claimed_by, completed_by
+FROM throttle.event_history WHERE queue = 'orders' ORDER BY group_key, id;

@@ -17,6 +17,7 @@ CALLS = [
     "SELECT throttle.wait('np.key', timeout => '1 second')",
     "SELECT * FROM throttle.take('np.key', 0)",
     "SELECT * FROM throttle.usage",
+    "SELECT * FROM throttle.registry_metrics",
     "SELECT throttle.lock('np.lock')",
     "SELECT throttle.unlock('np.lock', 1)",
     "SELECT throttle.renew('np.lock', 1, '1 second')",
