@@ -129,7 +129,12 @@ void reserve_apply_exclusive(RegistryEntry* entry, void* ctx) {
     if (!entry->born) {
         entry->granted_at = call->now;
     }
-    __atomic_fetch_add(&entry->grants, 1, __ATOMIC_RELAXED);
+    // A reservation a waiter sleeps for is counted when the sleep ends
+    // (bucket_count_waited_grant), so that a wait given back never takes a
+    // grant back: counters only grow (throttle.registry_metrics).
+    if (call->decision.retry_after == 0) {
+        __atomic_fetch_add(&entry->grants, 1, __ATOMIC_RELAXED);
+    }
     entry->holder_pid = MyProcPid;
     memcpy(entry->holder, caller_holder().text, sizeof entry->holder);
 }
@@ -192,8 +197,11 @@ void give_back_update(RegistryEntry* entry, void* ctx) {
                                                call->request->shape, call->request->cost);
     if (restored.has_value()) {
         entry->expires_at = *restored;
-        __atomic_fetch_sub(&entry->grants, 1, __ATOMIC_RELAXED);
     }
+}
+
+void count_grant_update(RegistryEntry* entry, void* /*ctx*/) {
+    __atomic_fetch_add(&entry->grants, 1, __ATOMIC_RELAXED);
 }
 
 }  // namespace
@@ -249,6 +257,10 @@ core::GcraDecision bucket_reserve(const BucketRequest& request, core::Micros now
 void bucket_give_back(const BucketRequest& request, core::Micros reserved) {
     GiveBackCall call{&request, reserved};
     registry_update_existing(request.key, give_back_update, &call);
+}
+
+void bucket_count_waited_grant(const BucketRequest& request) {
+    registry_update_existing(request.key, count_grant_update, nullptr);
 }
 
 }  // namespace pg_throttle::pg
