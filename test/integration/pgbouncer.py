@@ -163,8 +163,8 @@ def leases(tap, pooler):
     # A stale token: the lease expires, another client gets it, the first is fenced.
     first, second = pooler.connect(), pooler.connect()
     try:
+        t0 = time.monotonic()  # before the grant: the lease ends at least 1 s after t0
         old = one(first, "SELECT throttle.lock('pgb.stale', ttl => '1 second')")[0]
-        t0 = time.monotonic()
         new = one(second, "SELECT throttle.lock('pgb.stale', ttl => '10 seconds', wait => '5 seconds')")[0]
         took = time.monotonic() - t0
         tap.ok(old is not None and new is not None and new > old and took >= 0.9,
@@ -399,20 +399,33 @@ def session_locks(tap, pooler, direct):
     released_within(direct, "pgb.discard", 5)
 
 
+def until(condition, seconds):
+    """Polls `condition` until it holds or `seconds` pass; whether it held."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def blocking_and_listen(tap, pooler, direct):
     # A blocking call holds its server connection: on 'single', a client's SELECT 1
     # waits for another client's throttle.wait to pass.
     key = f"pgb.block.{uuid.uuid4().hex}"
     sleeper, other = pooler.connect("single"), pooler.connect("single")
-    one(sleeper, "SELECT throttle.allow(%s, 1, '1 second', 1)", (key,))  # the bucket is empty now
-    t = threading.Thread(target=one, args=(sleeper, "SELECT throttle.wait(%s, 1, '1 second', 1)", (key,)),
+    one(sleeper, "SELECT throttle.allow(%s, 1, '2 seconds', 1)", (key,))  # the bucket is empty now
+    t = threading.Thread(target=one, args=(sleeper, "SELECT throttle.wait(%s, 1, '2 seconds', 1)", (key,)),
                          daemon=True)
     t.start()
-    time.sleep(0.2)
+    # Until the wait sleeps on the server (a slow machine may take its time to send it).
+    sleeping = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT throttle.wait(%%' " \
+               "AND wait_event_type = 'Extension'"
+    until(lambda: one(direct, sleeping)[0] == 1, 10)
     t0 = time.monotonic()
     one(other, "SELECT 1")
     took = time.monotonic() - t0
-    t.join(5)
+    t.join(10)
     tap.ok(took >= 0.5, f"a client's SELECT 1 waited {took:.2f} s for the server connection that "
            "another client's throttle.wait held")
 
@@ -428,9 +441,10 @@ def blocking_and_listen(tap, pooler, direct):
     tap.is_((listener.notifies, other.notifies), ([], []),
             "LISTEN through the pooler: a due event's NOTIFY while the backend is idle reaches nobody")
 
-    t = threading.Thread(target=one, args=(other, "SELECT pg_sleep(1)"), daemon=True)
+    t = threading.Thread(target=one, args=(other, "SELECT pg_sleep(2)"), daemon=True)
     t.start()
-    time.sleep(0.3)
+    until(lambda: one(direct, "SELECT count(*) FROM pg_stat_activity "
+                              "WHERE query = 'SELECT pg_sleep(2)' AND state = 'active'")[0] == 1, 10)
     one(direct, "SELECT throttle.schedule(%s, 'busy', now())", (channel,))
     t.join(5)
     one(listener, "SELECT 1")
