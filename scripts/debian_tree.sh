@@ -97,6 +97,19 @@ tree_mount() {
     mount -t tmpfs -o mode=1777 shm "$dir/dev/shm" || return 1
     rm -f "$dir/etc/resolv.conf"
     cp /etc/resolv.conf "$dir/etc/resolv.conf" 2>/dev/null || true
+    # The machine's own trust anchors (a TLS proxy's CA, say): the tree shares
+    # its network, so npm in the tree reaches the registry the way the machine
+    # does. Installed as the tree's local CAs; ca-certificates, when the tree
+    # has it or installs it later, adds them to the tree's bundle.
+    if [ -d /usr/local/share/ca-certificates ] &&
+        ! diff -r /usr/local/share/ca-certificates "$dir/usr/local/share/ca-certificates" \
+            >/dev/null 2>&1; then
+        mkdir -p "$dir/usr/local/share/ca-certificates"
+        cp -a /usr/local/share/ca-certificates/. "$dir/usr/local/share/ca-certificates/"
+        if [ -x "$dir/usr/sbin/update-ca-certificates" ]; then
+            chroot "$dir" /usr/sbin/update-ca-certificates >/dev/null 2>&1 || true
+        fi
+    fi
 }
 
 # Runs COMMAND... as root inside tree $1, in a mount namespace of its own;

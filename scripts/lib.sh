@@ -63,6 +63,10 @@ PACKAGES=(
 )
 # And the lint that scripts/test.sh runs once, on this machine.
 LINT_PACKAGES=(clang-format clang-tidy)
+# The real components the suites of one version run pg_throttle with: a
+# connection pooler, the Prometheus exporter, and the clients of examples/
+# (psycopg 3; Node.js with npm, unless the machine has them already).
+CLIENT_PACKAGES=(pgbouncer prometheus-postgres-exporter python3-psycopg python3-psycopg-pool)
 
 install_missing_packages() {
     local missing=()
@@ -75,6 +79,29 @@ install_missing_packages() {
         as_root apt-get update -q
         as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
             "${missing[@]}"
+    fi
+}
+
+# The packages of CLIENT_PACKAGES, and Node.js with npm when there is no npm.
+# Debian starts the services of pgbouncer and prometheus-postgres-exporter
+# (the exporter listening on every address) when systemd runs: the suites
+# start their own, on loopback, so the services of packages installed here
+# are stopped and disabled.
+install_client_packages() {
+    local wanted=("${CLIENT_PACKAGES[@]}") missing=() pkg
+    command -v npm >/dev/null || wanted+=(nodejs npm)
+    for pkg in "${wanted[@]}"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
+            missing+=("$pkg")
+    done
+    [ ${#missing[@]} -gt 0 ] || return 0
+    install_missing_packages "${missing[@]}"
+    if [ -d /run/systemd/system ]; then
+        for pkg in pgbouncer prometheus-postgres-exporter; do
+            if printf '%s\n' "${missing[@]}" | grep -qx "$pkg"; then
+                as_root systemctl disable --now "$pkg" >/dev/null 2>&1 || true
+            fi
+        done
     fi
 }
 

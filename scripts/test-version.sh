@@ -15,6 +15,7 @@ trap 'rm -f "$PG_THROTTLE_RESULTS"' EXIT
 chmod 644 "$PG_THROTTLE_RESULTS"
 set -e
 install_missing_packages
+install_client_packages
 build_and_install
 set +e
 cd "$ROOT"

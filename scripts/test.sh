@@ -25,9 +25,9 @@ parse_pg_flags "bash scripts/test.sh [--pg VERSION]..." "$@"
 # The host's own packages: lint, the build, and debootstrap when a tree is needed.
 set -e
 if versions_need_a_tree; then
-    install_missing_packages "${LINT_PACKAGES[@]}" debootstrap
+    install_missing_packages "${LINT_PACKAGES[@]}" pgxnclient debootstrap
 else
-    install_missing_packages "${LINT_PACKAGES[@]}"
+    install_missing_packages "${LINT_PACKAGES[@]}" pgxnclient
 fi
 set +e
 cd "$ROOT"
@@ -41,7 +41,8 @@ PG_THROTTLE_RESULTS=$results run_suite clang-format count make -s format-check
 PG_THROTTLE_RESULTS=$results run_suite clang-tidy count make -s tidy
 PG_THROTTLE_RESULTS=$results run_suite compat-layer count make -s compat-check
 PG_THROTTLE_RESULTS=$results run_suite meta prove prove test/check_meta.py
-version_independent_suites=4
+PG_THROTTLE_RESULTS=$results run_suite dist prove prove --verbose test/dist_check.py
+version_independent_suites=5
 
 # run_version V: every version-dependent suite for PostgreSQL V; the counts
 # it prints last are added to $results as "V/suite passed failed". They are
@@ -61,7 +62,7 @@ for v in "${versions[@]}"; do
 done
 
 # Each version runs unit, cmake and the server suites (test/run-server-profiles.sh).
-suites_per_version=30
+suites_per_version=34
 echo
 echo "Suites:"
 awk '{printf "  %-30s %4d passed, %d failed\n", $1, $2, $3}' "$results"

@@ -2,7 +2,8 @@
 # Runs the suites that need a server, against the cluster named by the libpq
 # environment (pg_virtualenv sets it). One profile per server configuration:
 #   main           pg_throttle preloaded, default settings: pg_regress, pgTAP, real clients,
-#                  the README's examples, what newer servers show (version_features.py)
+#                  the README's examples, what newer servers show (version_features.py),
+#                  the Prometheus exporter, PgBouncer, and the client examples (examples/)
 #   small-registry pg_throttle preloaded, pg_throttle.max_entries = 100
 #   crash PHASE    pg_throttle preloaded, on a cluster the suite crashes itself (one per
 #                  fault: backend, postmaster, damaged-checkpoint)
@@ -46,6 +47,12 @@ main)
     run_suite dump-restore prove prove --verbose test/integration/dump_restore.py || status=1
     run_suite readme prove prove --verbose test/integration/readme_examples.py || status=1
     run_suite version-features prove prove --verbose test/integration/version_features.py ||
+        status=1
+    run_suite exporter prove prove --verbose test/integration/exporter.py || status=1
+    run_suite pgbouncer prove prove --verbose test/integration/pgbouncer.py || status=1
+    run_suite examples-python prove prove --verbose test/integration/examples_python.py ||
+        status=1
+    run_suite examples-node prove prove --verbose test/integration/examples_node.py ||
         status=1
     ;;
 small-registry)
