@@ -10,7 +10,10 @@
 // event scheduled for later, or one freed by another worker's transaction, may become
 // claimable without one). Each claim's lease is extended every lease/3 while the work
 // runs; a claim that could not be extended is lost (another worker may have taken it
-// over), so its events are neither completed nor failed.
+// over), so its events are neither completed nor failed; so is one whose complete or fail
+// ends fewer events than it was given. After a failure, the claim's later events are
+// extended before they are handled: in a group in strict order the failure handed them
+// back (they run after the failed event's retry), and extend renewing fewer says so.
 //
 // SIGTERM (or SIGINT) stops claiming and finishes the events held; a second one aborts the
 // work and hands the events back at once with fail(..., retry_in => '0'). Exits 0 either way.
@@ -180,17 +183,19 @@ async function work(events) {
     if (ids.length === 0 || lost) return;
     try {
       const n = await extend(ids, token);
-      if (n < ids.length && !lost) {
-        lost = true;
-        log(`claim ${token} lost (extended ${n} of ${ids.length}); stopping its work`);
-        abort.abort(new Error('claim lost'));
-      }
+      if (n < ids.length) giveUp(`extended ${n} of ${ids.length}`);
     } catch (err) {
-      lost = true;
-      log(`extend failed: ${err.message}; stopping the claim's work`);
-      abort.abort(err);
+      giveUp(`extend failed: ${err.message}`);
     }
   }, (LEASE_S * 1000) / 3);
+
+  // The claim is lost: another worker may hold its events by now, so stop its work and
+  // neither complete nor fail any more of them.
+  function giveUp(why) {
+    if (!lost) log(`claim ${token} lost (${why}); stopping its work`);
+    lost = true;
+    abort.abort(new Error('claim lost'));
+  }
 
   try {
     for (const event of events) {
@@ -204,10 +209,24 @@ async function work(events) {
       if (lost || handingBack) break;   // the event is neither completed nor failed here
       held.delete(event.id);
       if (error === null) {
-        if ((await complete([event.id], token)) !== 1) log(`complete of ${event.id} changed nothing`);
+        const n = await complete([event.id], token);
+        if (n < 1) giveUp(`complete of ${event.id} changed nothing`);
       } else {
         log(`event ${event.id} (${event.item_key}) failed: ${error.message}`);
-        await fail([event.id], token, String(error.message || error), RETRY_IN_S);
+        const n = await fail([event.id], token, String(error.message || error), RETRY_IN_S);
+        if (n < 1) {
+          giveUp(`fail of ${event.id} changed nothing`);
+        } else if (held.size > 0 && !lost) {
+          // In a group in strict order, the failure handed the claim's later events back:
+          // they run after this one's retry, and handling them now would break the order
+          // (complete would refuse them anyway). extend renews only what the claim holds.
+          const rest = [...held];
+          const renewed = await extend(rest, token);
+          if (renewed < rest.length) {
+            giveUp(`after the failure of ${event.id}, extend renewed ${renewed} of its ` +
+                   `${rest.length} later events: handed back (strict order)`);
+          }
+        }
       }
     }
     if (handingBack && !lost && held.size > 0) {

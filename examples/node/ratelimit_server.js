@@ -6,9 +6,11 @@
 // Connects with the libpq environment (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) and
 // listens on 127.0.0.1 (--port 0: a free port, printed on stdout). Each client has a bucket
 // of --burst requests that refills at --rate per --per seconds, keyed by its X-Api-Key
-// header, else its address. Every answer carries RateLimit-Limit, RateLimit-Remaining and
-// RateLimit-Reset; a refused request gets 429 with Retry-After. The bucket lives in the
-// server's shared memory, so every process of the application shares it.
+// header, else its address (400 when its connection is already closed, or when the key
+// would make a bucket name longer than pg_throttle's 200 bytes). Every answer carries
+// RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset; a refused request gets 429 with
+// Retry-After. The bucket lives in the server's shared memory, so every process of the
+// application shares it.
 'use strict';
 
 const http = require('node:http');
@@ -24,17 +26,27 @@ const { values: opts } = parseArgs({
   },
 });
 
-// The key of a request's bucket. A real server would check the API key first: anyone can
-// send any header, and an unchecked key lets a client pick a fresh bucket for every request.
+// The key of a request's bucket, or null when the request has none. A real server would
+// check the API key first: anyone can send any header, and an unchecked key lets a client
+// pick a fresh bucket for every request.
 function clientKey(req) {
   const apiKey = req.headers['x-api-key'];
-  return apiKey ? `api:key:${apiKey}` : `api:addr:${req.socket.remoteAddress}`;
+  if (apiKey) return `api:key:${apiKey}`;
+  // remoteAddress is undefined once the connection is closed or reset (a request read
+  // before its reset still gets here): keyed as "undefined", all such requests would
+  // share one bucket, and drain it for everyone else who has no address either.
+  const address = req.socket.remoteAddress;
+  return address ? `api:addr:${address}` : null;
 }
 
-// Middleware: answers 429 itself, or calls next() when the request may pass.
+// Middleware: answers 400 or 429 itself, or calls next() when the request may pass.
 function rateLimit(pool, { rate, per, burst }) {
   return async (req, res, next) => {
     const key = clientKey(req);
+    if (key === null) {
+      console.error(`${req.method} ${req.url}: no client address (the connection is closed); refused`);
+      return send(res, 400, { error: 'no client address' });
+    }
     if (Buffer.byteLength(key) > 200) {          // pg_throttle's longest key name
       return send(res, 400, { error: 'X-Api-Key too long' });
     }

@@ -14,6 +14,10 @@ While an event is worked on, a heartbeat thread extends the claim every
 lease/3. If extend renews fewer events than it was given, the claim was lost
 (the lease ran out or an operator released the group): another worker may
 have the events now, so this one stops the work and never completes them.
+So does a complete or fail that ends fewer events than it was given. After a
+failure the worker extends the claim's later events before it handles them:
+in a group in strict order the failure handed them back (they run after the
+failed event's retry), and extend renewing fewer than it was given says so.
 
 SIGTERM (or Ctrl-C): stop claiming, finish the events already claimed, exit 0.
 With --on-term handback (or on a second SIGTERM): stop the work at once and
@@ -174,9 +178,28 @@ class Worker:
             ended = self.call(f"SELECT throttle.{function}({placeholders})",
                               ([event["id"]], claim.token, *extra))
             claim.held.remove(event["id"])
-        if ended == 0:              # fenced: the lease ran out or the group was released
+        if ended < 1:               # fenced: the lease ran out or the group was released
             claim.lost.set()
             log.warning("event %s: %s changed nothing, the claim was lost", event["id"], function)
+
+    def still_held(self, claim):
+        """After a failure: whether the claim still holds its later events.
+        In a group in strict order, fail sends the claim's later events back
+        to pending, to run after the failed one's retry: handling them now
+        would run them out of order (and complete would refuse them). extend
+        renews only the events the claim still holds, so it tells."""
+        with self.lock:
+            if claim.lost.is_set():
+                return False
+            if not claim.held:
+                return True
+            renewed = self.call("SELECT throttle.extend(%s, %s, %s)", (claim.held, claim.token, self.lease))
+            if renewed < len(claim.held):
+                claim.lost.set()
+                log.info("claim %s: after a failure extend renewed %s of its %s later events: they were "
+                         "handed back (strict order); leaving them", claim.token, renewed, len(claim.held))
+                return False
+        return True
 
     def hand_back(self, claim, event):
         # retry_in 0: due again at once, for another worker.
@@ -206,6 +229,8 @@ class Worker:
                 except Exception as e:  # noqa: BLE001 - any error of the work fails the event
                     log.info("event %s failed: %s", event["id"], e)
                     self.end(claim, event, "fail", f"{type(e).__name__}: {e}", self.retry_in)
+                    if not self.still_held(claim):
+                        break       # the rest is another claim's now: never handle it here
                 else:
                     # Not if the claim was lost meanwhile: the event may be
                     # running elsewhere already.

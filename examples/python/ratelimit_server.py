@@ -4,7 +4,8 @@
     ratelimit_server.py [--dsn DSN] [--port 0] [--rate 2] [--per 1] [--burst 3]
 
 Each request is keyed by its client: the X-Api-Key header, else the client's
-address (behind a proxy, use the address the proxy forwards instead). One
+address (behind a proxy, use the address the proxy forwards instead); a key
+that makes the bucket's name longer than pg_throttle's 200 bytes gets 400. One
 throttle.take per request takes a unit from the client's bucket, `rate` units
 per `per` seconds with bursts of `burst` (GCRA, in the server's shared memory:
 every process and host that uses the same database shares the limit).
@@ -12,12 +13,15 @@ every process and host that uses the same database shares the limit).
 Allowed: 200 and the application's answer. Denied: 429 with Retry-After, the
 whole seconds until the same request would pass, rounded UP (rounded to the
 nearest, 0.4 s would say "come back now" and the client would be refused
-again). Every answer carries the IETF draft's RateLimit-Limit (the burst),
-RateLimit-Remaining and RateLimit-Reset (seconds until the bucket is full).
+again); its body gives retry_after exactly, in seconds. Every answer carries
+the IETF draft's RateLimit-Limit (the burst), RateLimit-Remaining and
+RateLimit-Reset (seconds until the bucket is full).
 
 Connections come from a psycopg_pool pool (Debian: python3-psycopg-pool), in
 autocommit: a take is one statement, and holding a transaction open across
-requests would pin a connection for nothing. Listens on 127.0.0.1; port 0
+requests would pin a connection for nothing. When the database cannot
+answer (or no pooled connection comes in time) the answer is 503, failing
+closed rather than letting requests through. Listens on 127.0.0.1; port 0
 picks a free port, printed on the first line of output.
 """
 import argparse
@@ -29,6 +33,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psycopg
 from psycopg_pool import ConnectionPool
+
+
+MAX_BUCKET_NAME = 200              # bytes: pg_throttle's longest key name
 
 
 def whole_seconds_up(interval):
@@ -44,12 +51,17 @@ class RateLimit:
         self.pool, self.rate, self.burst = pool, rate, burst
         self.per = datetime.timedelta(seconds=per)
 
+    @staticmethod
+    def bucket(key):
+        """The bucket's name in pg_throttle for a client key."""
+        return "http:" + key
+
     def check(self, key):
-        """Takes a unit for `key`; returns (allowed, headers)."""
+        """Takes a unit for `key`; returns (allowed, headers, retry_after)."""
         with self.pool.connection() as conn:
             allowed, remaining, retry_after, reset_after = conn.execute(
                 "SELECT allowed, remaining, retry_after, reset_after FROM throttle.take(%s, %s, %s, %s)",
-                ("http:" + key, self.rate, self.per, self.burst)).fetchone()
+                (self.bucket(key), self.rate, self.per, self.burst)).fetchone()
         headers = {
             "RateLimit-Limit": str(self.burst),
             "RateLimit-Remaining": str(remaining),
@@ -57,7 +69,7 @@ class RateLimit:
         }
         if not allowed:
             headers["Retry-After"] = str(max(1, whole_seconds_up(retry_after)))
-        return allowed, headers
+        return allowed, headers, retry_after
 
 
 def app(request):
@@ -74,17 +86,31 @@ class Handler(BaseHTTPRequestHandler):
         return f"key:{api_key}" if api_key else f"addr:{self.client_address[0]}"
 
     def do_GET(self):
+        key = self.client_key()
+        # The client's mistake, not the database's: take refuses a name over
+        # 200 bytes (SQLSTATE 22023), so an over-long X-Api-Key is a 400.
+        if len(RateLimit.bucket(key).encode()) > MAX_BUCKET_NAME:
+            self.answer(400, {"error": "X-Api-Key too long"}, {})
+            return
         try:
-            allowed, headers = self.limit.check(self.client_key())
-        except psycopg.Error as e:
-            # Fail closed: without the database there is no limit to enforce.
+            allowed, headers, retry_after = self.limit.check(key)
+        except psycopg.OperationalError as e:
+            # The database is away or the pool timed out (PoolTimeout is an
+            # OperationalError). Fail closed: without the database there is
+            # no limit to enforce.
             self.log_error("rate limit unavailable: %s", e)
             self.answer(503, {"error": "rate limit unavailable"}, {"Retry-After": "1"})
+            return
+        except psycopg.Error as e:
+            # Any other refusal is a bug here, not an outage: no Retry-After.
+            self.log_error("rate limit check failed: %s", e)
+            self.answer(500, {"error": "rate limit check failed"}, {})
             return
         if allowed:
             self.answer(200, app(self), headers)
         else:
-            self.answer(429, {"error": "too many requests"}, headers)
+            self.answer(429, {"error": "too many requests",
+                              "retry_after_s": retry_after.total_seconds()}, headers)
 
     do_POST = do_GET
 

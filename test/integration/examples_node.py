@@ -3,19 +3,25 @@
 queue workers drain a plain and a grouped queue, every event completed exactly
 once (checked in the workers' logs and in throttle.event_history), no group on
 two workers at once, LISTEN wakes an idle worker, a lost claim is not
-completed, SIGTERM finishes or hands back the work; the HTTP server answers
-200/429 with the RateLimit headers and Retry-After of throttle.take.
+completed, SIGTERM finishes or hands back the work, in a group in strict order
+the events behind a failed one wait for its retry; the HTTP server answers
+200/429 with the RateLimit headers and Retry-After of throttle.take, 400 to an
+X-Api-Key too long for a bucket name and to a request whose connection is gone.
 
 Needs node and npm (Debian's nodejs and npm, or the machine's Node); runs
-`npm ci` in examples/node when its node_modules is missing.
+`npm ci` in examples/node when its node_modules lacks a version package-lock.json
+names.
 """
 import collections
 import json
+import math
 import os
 import re
 import select
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -30,7 +36,7 @@ from tap import Tap  # noqa: E402
 EXAMPLES = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                          "examples", "node"))
 JOBS, GROUPS = "it.node.jobs", "it.node.groups"
-QUEUES = [JOBS, GROUPS, "it.node.listen", "it.node.lost", "it.node.term", "it.node.handback"]
+QUEUES = [JOBS, GROUPS, "it.node.listen", "it.node.lost", "it.node.term", "it.node.handback", "it.node.strict"]
 
 running = []   # every Node process started, killed (with its process group) on every exit
 
@@ -127,17 +133,42 @@ def stop_all(nodes, timeout=15):
     return [n.wait(timeout) for n in nodes]
 
 
+def not_installed():
+    """The dependencies package-lock.json names that node_modules lacks, or holds in
+    another version: [(path, locked version, installed version)]."""
+    with open(os.path.join(EXAMPLES, "package-lock.json")) as f:
+        lock = json.load(f)
+    wrong = []
+    for path, entry in lock["packages"].items():
+        if not path or entry.get("dev") or entry.get("link"):
+            continue                    # the examples themselves, or not needed to run them
+        try:
+            with open(os.path.join(EXAMPLES, path, "package.json")) as f:
+                have = json.load(f).get("version")
+        except FileNotFoundError:
+            if entry.get("optional"):
+                continue                # npm skips an optional one this platform cannot use
+            have = None
+        if have != entry.get("version"):
+            wrong.append((path, entry.get("version"), have))
+    return wrong
+
+
 def npm_ci(tap):
-    if os.path.isdir(os.path.join(EXAMPLES, "node_modules", "pg")):
-        tap.ok(True, "examples/node has its node_modules")
-        return
-    if not shutil.which("npm") or not shutil.which("node"):
-        print("Bail out! node and npm are needed (Debian packages nodejs and npm)", flush=True)
-        sys.exit(1)
-    run = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=EXAMPLES, capture_output=True, text=True)
-    tap.ok(run.returncode == 0, "npm ci installs the examples' dependencies", run.stdout + run.stderr)
-    if run.returncode != 0:
-        print("Bail out! npm ci failed", flush=True)
+    wrong = not_installed()
+    output = ""
+    if wrong:
+        if not shutil.which("npm") or not shutil.which("node"):
+            print("Bail out! node and npm are needed (Debian packages nodejs and npm)", flush=True)
+            sys.exit(1)
+        run = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=EXAMPLES, capture_output=True,
+                             text=True)
+        output = f"npm ci exited {run.returncode}: {run.stdout}{run.stderr}"
+        wrong = not_installed()
+    tap.ok(not wrong, "examples/node/node_modules holds the versions package-lock.json names"
+           + (" (after npm ci)" if output else ""), f"missing or other versions: {wrong}\n{output}")
+    if wrong:
+        print("Bail out! examples/node's dependencies are not installed", flush=True)
         sys.exit(1)
 
 
@@ -233,6 +264,40 @@ def test_listen(tap, conn, tmp):
     stop_all([w])
 
 
+def test_strict_order(tap, conn, tmp):
+    """A group in strict order whose first event fails once: the fail hands the claim's
+    later events back, to run after its retry. The workers must leave them, not handle
+    them out of order."""
+    queue = "it.node.strict"
+    with conn.cursor() as cur:
+        cur.execute("""INSERT INTO throttle.group_policy (queue, workers, strict_order) VALUES (%s, 1, true)
+                       ON CONFLICT (queue) DO UPDATE SET workers = 1, strict_order = true""", (queue,))
+    # From one session, one after the other: the ids give the order.
+    ids = [one(conn, "SELECT throttle.schedule(%s, %s, now(), %s::jsonb, group_key => 'g')",
+               (queue, f"step:{n}", payload))[0]
+           for n, payload in enumerate(['{"fail": true}', '{}', '{}'], 1)]
+    nodes = [worker(tmp, queue, f"strict-{i}", "--groups", "--poll", "0.2", "--retry-in", "0.3",
+                    "--work-ms", "20") for i in range(2)]
+    wait_for(lambda: one(conn, "SELECT count(*) FROM throttle.event_history WHERE id = ANY(%s)",
+                         (ids,))[0] == 3, 20, 0.05)
+    codes = stop_all(nodes)
+    runs = sorted((r for n in nodes for r in read_log(n.log) if int(r["id"]) in ids), key=lambda r: r["start"])
+    step = {event_id: n for n, event_id in enumerate(ids, 1)}
+    handled = [(step[int(r["id"])], "failed" if r["failed"] else "ok") for r in runs]
+    first_ok = next((r["end"] for r in runs if int(r["id"]) == ids[0] and not r["failed"]), None)
+    too_early = [(step[int(r["id"])], r["worker"]) for r in runs
+                 if int(r["id"]) != ids[0] and (first_ok is None or r["start"] < first_ok)]
+    ok_order = [step[int(r["id"])] for r in runs if not r["failed"]]
+    tap.ok(codes == [0, 0] and ok_order == [1, 2, 3] and not too_early,
+           "strict order: after event 1 fails, events 2 and 3 are handled only after event 1 succeeded",
+           f"exit {codes}; handled (event, outcome) in order: {handled}; handled before event 1 succeeded: "
+           f"{too_early}\n" + "".join(n.stderr() for n in nodes))
+    history = _rows(conn, """SELECT state, attempts, completed_by IS NOT NULL FROM throttle.event_history
+                             WHERE id = ANY(%s) ORDER BY id""", (ids,))
+    tap.is_(history, [("done", 2, True), ("done", 1, True), ("done", 1, True)],
+            "strict order: each event done once in throttle.event_history, only event 1 tried twice")
+
+
 def test_lost_claim(tap, conn, tmp):
     """release_group fences a running claim: the heartbeat's extend returns 0, the worker
     stops the work and does not complete it; the event runs again, once."""
@@ -289,53 +354,131 @@ def test_hand_back(tap, conn, tmp):
     took = time.monotonic() - t0
     state = one(conn, "SELECT state, attempts, last_error, run_at <= now() FROM throttle.event WHERE id = %s",
                 (event,))
-    tap.ok(claimed and code == 0 and took < 3 and read_log(w.log) == []
+    # The row shows the hand-back (pending, due at once); the time only has to show that the
+    # 30 s job did not run to its end, and includes node's exit.
+    tap.ok(claimed and code == 0 and took < 10 and read_log(w.log) == []
            and state == ("pending", 1, "worker shutting down", True),
            f"a second SIGTERM hands the event back, due at once, and exits 0 ({took:.1f} s)",
            f"exit: {code}\nstate: {state}\n{w.stderr()}")
 
 
 def get(port, api_key=None):
+    """A GET; (status, headers, body as JSON) for every status."""
     req = urllib.request.Request(f"http://127.0.0.1:{port}/hello")
     if api_key:
         req.add_header("X-Api-Key", api_key)
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, resp.headers
+            return resp.status, resp.headers, json.loads(resp.read())
     except urllib.error.HTTPError as e:
-        return e.code, e.headers
+        return e.code, e.headers, json.loads(e.read())
 
 
 def limits(answer):
-    status, h = answer
+    status, h, _ = answer
     return (status, h.get("RateLimit-Limit"), h.get("RateLimit-Remaining"), h.get("RateLimit-Reset"),
             h.get("Retry-After"))
 
 
-def test_http(tap, tmp):
-    """rate 2 per second, burst 3: T = 0.5 s."""
-    server = Node("ratelimit_server.js", ["--port", "0", "--rate", "2", "--per", "1", "--burst", "3"], tmp, "http")
+def start_server(tmp, name, rate, per, burst):
+    """A ratelimit_server.js of this shape, and its port (None when it did not start)."""
+    server = Node("ratelimit_server.js", ["--port", "0", "--rate", str(rate), "--per", str(per),
+                                          "--burst", str(burst)], tmp, name)
     m = server.wait_line(r"listening on http://127\.0\.0\.1:(\d+)", 15)
-    if not m:
-        for _ in range(5):
-            tap.ok(False, "the HTTP server started", server.stderr())
+    return server, int(m.group(1)) if m else None
+
+
+def send_then_reset(port, count):
+    """`count` requests, each on a connection the client resets (SO_LINGER 0) right after
+    sending it. The caller has stopped the server: it reads each request only after its
+    connection was reset, when the socket no longer has a peer address."""
+    for _ in range(count):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"GET /closed HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+HTTP_TESTS = 7
+
+
+def test_http(tap, conn, tmp):
+    # Rate 1 per 10 s, burst 3 (T = 10 s): the answers below hold however slowly the
+    # requests come, as long as they come within 10 s.
+    server, port = start_server(tmp, "http", 1, 10, 3)
+    # Rate 1 per 2 s, burst 1: to wait out a Retry-After.
+    server2, port2 = start_server(tmp, "http2", 1, 2, 1)
+    if not (port and port2):
+        for _ in range(HTTP_TESTS):
+            tap.ok(False, "the HTTP servers started", server.stderr() + server2.stderr())
         return
-    port = int(m.group(1))
     key = f"it-{os.getpid()}-{time.time()}"   # a bucket no earlier run has touched
-    first = [limits(get(port, key)) for _ in range(3)]
-    tap.ok([a[:3] for a in first] == [(200, "3", "2"), (200, "3", "1"), (200, "3", "0")]
-           and all(a[3] is not None and a[4] is None for a in first),
-           "three 200s with RateLimit-Limit 3 and RateLimit-Remaining 2, 1, 0", repr(first))
-    denied = limits(get(port, key))
-    tap.is_(denied, (429, "3", "0", "2", "1"),
-            "the 4th: 429, Retry-After 1 (the next unit in 0.5 s, rounded up), RateLimit-Reset 2")
-    others = [limits(get(port, f"{key}-other"))[:3], limits(get(port))[:3]]
-    tap.ok(others[0] == (200, "3", "2") and others[1][:2] == (200, "3"),
-           "another X-Api-Key, and a request without one, have buckets of their own", repr(others))
-    time.sleep(int(denied[4] or 1))
-    again = limits(get(port, key))
-    tap.ok(again[0] == 200, f"200 again after waiting Retry-After ({again})")
-    tap.is_(stop_all([server])[0], 0, "the server exits 0 on SIGTERM")
+    t0 = time.monotonic()
+    answers = [get(port, key) for _ in range(4)]
+    took = time.monotonic() - t0
+
+    # The k-th take leaves the bucket full again 10 k s after the first take: RateLimit-Reset
+    # is 10 k minus the time since the first take, rounded up.
+    def reset_ok(value, k):
+        return value is not None and 10 * k - math.ceil(took) <= int(value) <= 10 * k
+    first = [limits(a) for a in answers[:3]]
+    tap.ok([a[:3] + a[4:] for a in first] == [(200, "3", str(n), None) for n in (2, 1, 0)]
+           and all(reset_ok(a[3], k) for k, a in enumerate(first, 1)),
+           f"three 200s with RateLimit-Limit 3, RateLimit-Remaining 2, 1, 0 and RateLimit-Reset "
+           f"10, 20, 30 s less the time taken ({took:.2f} s)", repr(first))
+    # The 4th would pass 10 s after the first take: retry_after is 10 s less the time since,
+    # and Retry-After that rounded up.
+    denied, body = limits(answers[3]), answers[3][2]
+    retry_after = int(denied[4]) if denied[4] else None
+    tap.ok(denied[:3] == (429, "3", "0") and reset_ok(denied[3], 3) and retry_after is not None
+           and 10 - math.ceil(took) <= retry_after <= 10
+           and retry_after == max(1, math.ceil(body.get("retry_after_s", -1))),
+           f"the 4th: 429 with Retry-After {retry_after}, retry_after ({body.get('retry_after_s')} s) rounded up",
+           f"{denied} {body}")
+
+    # The address's bucket outlives a run: start it full.
+    one(conn, "SELECT throttle.reset('api:addr:127.0.0.1', 'bucket')")
+    others = [limits(get(port, f"{key}-other"))[:3], limits(get(port, f"{key}-other"))[:3],
+              limits(get(port))[:3]]
+    tap.is_(others, [(200, "3", "2"), (200, "3", "1"), (200, "3", "2")],
+            "another X-Api-Key, and a request without one, have buckets of their own")
+
+    # take refuses a bucket name over 200 bytes: the client's error, not an outage.
+    longest = "k" * (200 - len("api:key:"))
+    too_long, at_limit = get(port, "k" * 300), get(port, longest)
+    tap.ok(too_long[0] == 400 and "too long" in too_long[2].get("error", "")
+           and limits(at_limit)[:3] == (200, "3", "2"),
+           "a 300-byte X-Api-Key gets 400; one that makes a 200-byte bucket name passes",
+           f"300 bytes: {too_long[0]} {too_long[2]}; {len(longest)} bytes: {limits(at_limit)}")
+
+    # Requests read after their connection was reset have no remoteAddress: they must not
+    # share one bucket named after "undefined".
+    one(conn, "SELECT throttle.reset('api:addr:undefined', 'bucket')")
+
+    def undefined_bucket():
+        return one(conn, "SELECT count(*) FROM throttle.status WHERE name = 'api:addr:undefined'")[0]
+    server.signal(signal.SIGSTOP)
+    try:
+        send_then_reset(port, 3)
+    finally:
+        server.signal(signal.SIGCONT)
+    # Until the three are refused, or (the defect) one of them made the bucket.
+    wait_for(lambda: server.stderr().count("no client address") >= 3 or undefined_bucket(), 10)
+    refused, bucket = server.stderr().count("no client address"), undefined_bucket()
+    tap.ok(refused == 3 and bucket == 0,
+           "a request whose connection is gone is refused, not counted in an 'api:addr:undefined' bucket",
+           f"refusals logged: {refused}; 'api:addr:undefined' buckets: {bucket}\n{server.stderr()}")
+
+    # A key of its own: a bucket's state is kept by its name, whatever shape takes from it.
+    again = [get(port2, f"{key}-again"), get(port2, f"{key}-again")]
+    waited = again[1][1].get("Retry-After")
+    if waited:
+        time.sleep(int(waited))
+    again.append(get(port2, f"{key}-again"))
+    tap.ok([a[0] for a in again] == [200, 429, 200] and waited is not None and 1 <= int(waited) <= 2
+           and int(waited) == max(1, math.ceil(again[1][2].get("retry_after_s", -1))),
+           f"rate 1 per 2 s, burst 1: 200, 429 with Retry-After {waited}, and 200 again after waiting it",
+           repr([limits(a) for a in again]))
+    tap.is_(stop_all([server, server2]), [0, 0], "the servers exit 0 on SIGTERM")
 
 
 def _rows(conn, sql, params=None):
@@ -347,7 +490,7 @@ def _rows(conn, sql, params=None):
 def main():
     # prove or a CI timeout stops the test with SIGTERM: unwind, so that `finally` kills the workers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-    tap = Tap(19)
+    tap = Tap(23)
     conn = connect()
     tmp = tempfile.mkdtemp(prefix="examples_node.")
     try:
@@ -359,12 +502,15 @@ def main():
                                     WHERE event_id IN (SELECT id FROM gone UNION ALL SELECT id FROM hot)
                                     RETURNING 1)
                      SELECT count(*) FROM tried""", {"q": QUEUES})
+        one(conn, "WITH gone AS (DELETE FROM throttle.group_policy WHERE queue = ANY(%s) RETURNING 1) "
+                  "SELECT count(*) FROM gone", (QUEUES,))
         test_workers(tap, conn, tmp)
         test_listen(tap, conn, tmp)
         test_lost_claim(tap, conn, tmp)
         test_sigterm(tap, conn, tmp)
         test_hand_back(tap, conn, tmp)
-        test_http(tap, tmp)
+        test_strict_order(tap, conn, tmp)
+        test_http(tap, conn, tmp)
     finally:
         for n in running:
             n.kill()
