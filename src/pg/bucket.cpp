@@ -129,12 +129,11 @@ void reserve_apply_exclusive(RegistryEntry* entry, void* ctx) {
     if (!entry->born) {
         entry->granted_at = call->now;
     }
-    // A reservation a waiter sleeps for is counted when the sleep ends
-    // (bucket_count_waited_grant), so that a wait given back never takes a
-    // grant back: counters only grow (throttle.registry_metrics).
-    if (call->decision.retry_after == 0) {
-        __atomic_fetch_add(&entry->grants, 1, __ATOMIC_RELAXED);
-    }
+    // A reservation a waiter sleeps for counts as granted now, and stays
+    // counted if the wait is cancelled and gives its units back: counters
+    // only grow (throttle.registry_metrics), and the count lands on the entry
+    // that granted it, whatever happens to it during the sleep.
+    __atomic_fetch_add(&entry->grants, 1, __ATOMIC_RELAXED);
     entry->holder_pid = MyProcPid;
     memcpy(entry->holder, caller_holder().text, sizeof entry->holder);
 }
@@ -196,12 +195,8 @@ void give_back_update(RegistryEntry* entry, void* ctx) {
     const auto restored = core::gcra_give_back(entry->expires_at, call->reserved,
                                                call->request->shape, call->request->cost);
     if (restored.has_value()) {
-        entry->expires_at = *restored;
+        entry->expires_at = *restored;  // the grant stays counted
     }
-}
-
-void count_grant_update(RegistryEntry* entry, void* /*ctx*/) {
-    __atomic_fetch_add(&entry->grants, 1, __ATOMIC_RELAXED);
 }
 
 }  // namespace
@@ -257,10 +252,6 @@ core::GcraDecision bucket_reserve(const BucketRequest& request, core::Micros now
 void bucket_give_back(const BucketRequest& request, core::Micros reserved) {
     GiveBackCall call{&request, reserved};
     registry_update_existing(request.key, give_back_update, &call);
-}
-
-void bucket_count_waited_grant(const BucketRequest& request) {
-    registry_update_existing(request.key, count_grant_update, nullptr);
 }
 
 }  // namespace pg_throttle::pg

@@ -45,11 +45,7 @@ core::GcraDecision bucket_reserve(const BucketRequest& request, core::Micros now
                                   core::Micros max_wait);
 
 // Gives back a reservation whose TAT was `reserved`, if it is still the latest.
-// Its grant was never counted: a reservation that makes its caller sleep
-// counts once the sleep ends (bucket_count_waited_grant).
+// The reservation stays counted as a grant: counters never go back.
 void bucket_give_back(const BucketRequest& request, core::Micros reserved);
-
-// Counts the grant of a reservation whose sleep has ended.
-void bucket_count_waited_grant(const BucketRequest& request);
 
 }  // namespace pg_throttle::pg

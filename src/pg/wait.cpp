@@ -58,9 +58,6 @@ bool wait_for(const BucketRequest& request, core::Micros max_wait) {
     }
     if (decision.retry_after > 0) {
         sleep_or_give_back(request, decision.tat, decision.retry_after, event);
-        if (request.cost > 0) {
-            bucket_count_waited_grant(request);
-        }
     }
     return true;
 }
