@@ -11,12 +11,15 @@
 // claimable without one). Each claim's lease is extended every lease/3 while the work
 // runs; a claim that could not be extended is lost (another worker may have taken it
 // over), so its events are neither completed nor failed; so is one whose complete or fail
-// ends fewer events than it was given. After a failure, the claim's later events are
-// extended before they are handled: in a group in strict order the failure handed them
-// back (they run after the failed event's retry), and extend renewing fewer says so.
+// ends fewer events than it was given. After a failure in a group claim (--groups), the
+// claim's later events are extended before they are handled: in a group in strict order
+// the failure handed them back (they run after the failed event's retry), and extend
+// renewing fewer says so. An ungrouped claim's events are never handed back by a fail, so
+// it skips that extend (a durable commit per failure).
 //
 // SIGTERM (or SIGINT) stops claiming and finishes the events held; a second one aborts the
-// work and hands the events back at once with fail(..., retry_in => '0'). Exits 0 either way.
+// work and hands the events back at once with fail(..., retry_in => '0') (an event whose
+// work had already succeeded is completed first). Exits 0 either way.
 'use strict';
 
 const fs = require('node:fs');
@@ -206,7 +209,10 @@ async function work(events) {
       } catch (err) {
         error = err;
       }
-      if (lost || handingBack) break;   // the event is neither completed nor failed here
+      if (lost) break;                       // neither complete nor fail: it may run elsewhere
+      if (handingBack && error !== null) break;   // aborted by the second SIGTERM: handed back below
+      // A success stands even when a second SIGTERM came meanwhile: complete it rather than
+      // hand it back to run again.
       held.delete(event.id);
       if (error === null) {
         const n = await complete([event.id], token);
@@ -216,15 +222,22 @@ async function work(events) {
         const n = await fail([event.id], token, String(error.message || error), RETRY_IN_S);
         if (n < 1) {
           giveUp(`fail of ${event.id} changed nothing`);
-        } else if (held.size > 0 && !lost) {
+        } else if (event.group_key !== null && held.size > 0 && !lost) {
           // In a group in strict order, the failure handed the claim's later events back:
           // they run after this one's retry, and handling them now would break the order
           // (complete would refuse them anyway). extend renews only what the claim holds.
           const rest = [...held];
-          const renewed = await extend(rest, token);
-          if (renewed < rest.length) {
-            giveUp(`after the failure of ${event.id}, extend renewed ${renewed} of its ` +
-                   `${rest.length} later events: handed back (strict order)`);
+          let renewed;
+          try {
+            renewed = await extend(rest, token);
+          } catch (err) {
+            giveUp(`extend failed: ${err.message}`);   // as in the heartbeat
+          }
+          if (renewed !== undefined && renewed < rest.length) {
+            log(`claim ${token}: after the failure of ${event.id}, extend renewed ${renewed} of its ` +
+                `${rest.length} later events: they are no longer held (strict order hands them ` +
+                'back after a failure, or the lease ended); leaving them');
+            lost = true;    // nothing of this claim is handled, completed or failed any more
           }
         }
       }

@@ -15,14 +15,19 @@ lease/3. If extend renews fewer events than it was given, the claim was lost
 (the lease ran out or an operator released the group): another worker may
 have the events now, so this one stops the work and never completes them.
 So does a complete or fail that ends fewer events than it was given. After a
-failure the worker extends the claim's later events before it handles them:
-in a group in strict order the failure handed them back (they run after the
-failed event's retry), and extend renewing fewer than it was given says so.
+failure in a group claim (--groups) the worker extends the claim's later
+events before it handles them: in a group in strict order the failure handed
+them back (they run after the failed event's retry), and extend renewing fewer
+than it was given says so. An ungrouped claim's events are never handed back
+by a fail, so it skips that extend (a durable commit per failure).
 
 SIGTERM (or Ctrl-C): stop claiming, finish the events already claimed, exit 0.
 With --on-term handback (or on a second SIGTERM): stop the work at once and
 hand the events back with fail(..., retry_in 0), so another worker gets them
-at once. Either way nothing is left claimed until its lease runs out.
+at once: first the one being worked on (in a group in strict order, that
+sends the claim's later ones back to pending, their attempt not counted),
+then, in one more fail, whatever the claim still holds. Either way nothing is
+left claimed until its lease runs out.
 A lost database connection ends the worker with an error: run it under a
 supervisor that restarts it (its claims are taken over when their leases end).
 
@@ -183,27 +188,51 @@ class Worker:
             log.warning("event %s: %s changed nothing, the claim was lost", event["id"], function)
 
     def still_held(self, claim):
-        """After a failure: whether the claim still holds its later events.
-        In a group in strict order, fail sends the claim's later events back
-        to pending, to run after the failed one's retry: handling them now
-        would run them out of order (and complete would refuse them). extend
-        renews only the events the claim still holds, so it tells."""
+        """After a failure in a group claim: whether the claim still holds its
+        later events. In a group in strict order, fail sends the claim's later
+        events back to pending, to run after the failed one's retry: handling
+        them now would run them out of order (and complete would refuse them).
+        extend renews only the events the claim still holds, so it tells."""
         with self.lock:
             if claim.lost.is_set():
                 return False
             if not claim.held:
                 return True
-            renewed = self.call("SELECT throttle.extend(%s, %s, %s)", (claim.held, claim.token, self.lease))
+            try:
+                renewed = self.call("SELECT throttle.extend(%s, %s, %s)", (claim.held, claim.token, self.lease))
+            except psycopg.Error as e:
+                # As in the heartbeat: the lease cannot be known to hold.
+                log.error("extend failed: %s", e)
+                renewed = -1
             if renewed < len(claim.held):
                 claim.lost.set()
-                log.info("claim %s: after a failure extend renewed %s of its %s later events: they were "
-                         "handed back (strict order); leaving them", claim.token, renewed, len(claim.held))
+                log.info("claim %s: after a failure extend renewed %s of its %s later events: they are no "
+                         "longer held (strict order hands them back after a failure, or the lease ended); "
+                         "leaving them", claim.token, renewed, len(claim.held))
                 return False
         return True
 
-    def hand_back(self, claim, event):
-        # retry_in 0: due again at once, for another worker.
-        self.end(claim, event, "fail", "worker stopping: handed back", datetime.timedelta(0))
+    HANDED_BACK = "worker stopping: handed back"
+
+    def hand_back(self, claim):
+        """Gives back every event the claim still holds, due again at once
+        (retry_in 0) for another worker; the claim is over afterwards."""
+        if claim.lost.is_set() or not claim.held:
+            return
+        # The first event on its own: in a group in strict order its fail
+        # sends the later ones back to pending without counting an attempt.
+        self.end(claim, {"id": claim.held[0]}, "fail", self.HANDED_BACK, datetime.timedelta(0))
+        with self.lock:
+            rest = list(claim.held)
+            if claim.lost.is_set() or not rest:
+                return
+            ended = self.call("SELECT throttle.fail(%s, %s, %s, %s)",
+                              (rest, claim.token, self.HANDED_BACK, datetime.timedelta(0)))
+            claim.held.clear()
+        if ended < len(rest):
+            log.info("claim %s: %s of its %s later events were no longer held (in a group in strict order "
+                     "the first one's fail sent them back to pending; else the lease ended)",
+                     claim.token, len(rest) - ended, len(rest))
 
     def work_on(self, events):
         claim = Claim(events[0]["claim_token"], [e["id"] for e in events])
@@ -220,16 +249,17 @@ class Worker:
                 if claim.lost.is_set():
                     break           # another worker may have them: never complete
                 if cancel.is_set():
-                    self.hand_back(claim, event)
-                    continue
+                    self.hand_back(claim)           # does nothing if the claim was lost
+                    break
                 try:
                     handle(event, cancel, self.args)
                 except Cancelled:
-                    self.hand_back(claim, event)    # does nothing if the claim was lost
+                    self.hand_back(claim)
+                    break
                 except Exception as e:  # noqa: BLE001 - any error of the work fails the event
                     log.info("event %s failed: %s", event["id"], e)
                     self.end(claim, event, "fail", f"{type(e).__name__}: {e}", self.retry_in)
-                    if not self.still_held(claim):
+                    if event["group_key"] is not None and not self.still_held(claim):
                         break       # the rest is another claim's now: never handle it here
                 else:
                     # Not if the claim was lost meanwhile: the event may be

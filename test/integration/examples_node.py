@@ -288,10 +288,14 @@ def test_strict_order(tap, conn, tmp):
     too_early = [(step[int(r["id"])], r["worker"]) for r in runs
                  if int(r["id"]) != ids[0] and (first_ok is None or r["start"] < first_ok)]
     ok_order = [step[int(r["id"])] for r in runs if not r["failed"]]
-    tap.ok(codes == [0, 0] and ok_order == [1, 2, 3] and not too_early,
+    # The claim of the three: the worker whose event 1 failed says its later events left it,
+    # without calling the claim lost.
+    errs = "".join(n.stderr() for n in nodes)
+    tap.ok(codes == [0, 0] and ok_order == [1, 2, 3] and not too_early
+           and "2 later events: they are no longer held" in errs and " lost (" not in errs,
            "strict order: after event 1 fails, events 2 and 3 are handled only after event 1 succeeded",
            f"exit {codes}; handled (event, outcome) in order: {handled}; handled before event 1 succeeded: "
-           f"{too_early}\n" + "".join(n.stderr() for n in nodes))
+           f"{too_early}\n{errs}")
     history = _rows(conn, """SELECT state, attempts, completed_by IS NOT NULL FROM throttle.event_history
                              WHERE id = ANY(%s) ORDER BY id""", (ids,))
     tap.is_(history, [("done", 2, True), ("done", 1, True), ("done", 1, True)],
@@ -347,7 +351,9 @@ def test_hand_back(tap, conn, tmp):
     w = worker(tmp, queue, "back-0", "--work-ms", "30000")
     claimed = wait_for(lambda: claimed_by(conn, queue, "back-0"), 10)
     w.signal(signal.SIGTERM)
-    time.sleep(0.3)
+    # Two signals that arrive before node runs its handler would merge into one: send the
+    # second only once the worker has said it took the first.
+    first_seen = wait_for(lambda: "finishing the events held" in w.stderr(), 10)
     t0 = time.monotonic()
     w.signal(signal.SIGTERM)
     code = w.wait(10)
@@ -356,7 +362,7 @@ def test_hand_back(tap, conn, tmp):
                 (event,))
     # The row shows the hand-back (pending, due at once); the time only has to show that the
     # 30 s job did not run to its end, and includes node's exit.
-    tap.ok(claimed and code == 0 and took < 10 and read_log(w.log) == []
+    tap.ok(claimed and first_seen and code == 0 and took < 10 and read_log(w.log) == []
            and state == ("pending", 1, "worker shutting down", True),
            f"a second SIGTERM hands the event back, due at once, and exits 0 ({took:.1f} s)",
            f"exit: {code}\nstate: {state}\n{w.stderr()}")
@@ -443,8 +449,9 @@ def test_http(tap, conn, tmp):
             "another X-Api-Key, and a request without one, have buckets of their own")
 
     # take refuses a bucket name over 200 bytes: the client's error, not an outage.
-    longest = "k" * (200 - len("api:key:"))
-    too_long, at_limit = get(port, "k" * 300), get(port, longest)
+    # Both derived from this run's key: a bucket no earlier run on this cluster has taken from.
+    longest = f"{key}-".ljust(200 - len("api:key:"), "k")
+    too_long, at_limit = get(port, f"{key}-".ljust(300, "k")), get(port, longest)
     tap.ok(too_long[0] == 400 and "too long" in too_long[2].get("error", "")
            and limits(at_limit)[:3] == (200, "3", "2"),
            "a 300-byte X-Api-Key gets 400; one that makes a 200-byte bucket name passes",

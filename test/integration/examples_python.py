@@ -7,7 +7,8 @@ exactly once, in the workers' logs and in the tables, and no group is worked on
 by two workers at once. LISTEN wakes an idle worker at once; the heartbeat keeps
 a long job's claim; SIGTERM finishes or hands back the job and exits 0; a claim
 lost to release_group is dropped, never completed; in a group in strict order,
-the events behind a failed one wait for its retry.
+the events behind a failed one wait for its retry, and a hand-back sends them
+back to pending without calling the claim lost.
 
 ratelimit_server.py: real HTTP requests get 200 while the bucket has units and
 429 with Retry-After after, with the RateLimit-* headers on every answer; an
@@ -226,16 +227,22 @@ def claimed_by(cur, queue, worker):
                "AND claimed_by = %s", (queue, worker))[0] == 1
 
 
+FINISH_LEASE_S, FINISH_WORK_S = 3, 6     # sigterm_finish: the job outlasts two leases
+
+
 def sigterm_finish(tap, procs, cur):
-    """SIGTERM in the middle of a 3 s job with a 1 s lease: the heartbeat keeps
+    """SIGTERM in the middle of a 6 s job with a 3 s lease: the heartbeat keeps
     the claim (a second, eager worker never gets the event), the job finishes
-    and is completed, and the stopping worker claims nothing more."""
+    and is completed, and the stopping worker claims nothing more. The beat
+    comes every second, 2 s before the lease ends: time for a durable extend
+    on a busy machine."""
     queue = PREFIX + "long"
-    procs.worker("long-1", queue, "--lease", "1", "--work-ms", "3000", "--poll", "0.2")
+    procs.worker("long-1", queue, "--lease", str(FINISH_LEASE_S), "--work-ms", str(FINISH_WORK_S * 1000),
+                 "--poll", "0.2")
     event_id = one(cur.connection, "SELECT throttle.schedule(%s, 'long', now())", (queue,))[0]
     wait_until(lambda: claimed_by(cur, queue, "long-1"), 10)
-    procs.worker("long-2", queue, "--lease", "1", "--poll", "0.1")
-    time.sleep(1.2)             # past the first lease: only extend keeps it
+    procs.worker("long-2", queue, "--lease", str(FINISH_LEASE_S), "--poll", "0.1")
+    time.sleep(FINISH_LEASE_S + 0.3)    # past the first lease: only extend keeps it
     signalled = time.time()
     status = procs.terminate("long-1")
     after_id = one(cur.connection, "SELECT throttle.schedule(%s, 'after', now())", (queue,))[0]
@@ -245,12 +252,13 @@ def sigterm_finish(tap, procs, cur):
     row = one(cur.connection, """SELECT state, attempts, completed_by,
                                         (SELECT count(*) FROM throttle.event_attempt WHERE event_id = %s)
                                  FROM throttle.all_events WHERE id = %s""", (event_id, event_id))
-    lines = [(line["worker"], line["outcome"], line["end"] > signalled, line["end"] - line["start"] >= 2.9)
+    lines = [(line["worker"], line["outcome"], line["end"] > signalled,
+              line["end"] - line["start"] >= FINISH_WORK_S - 0.1)
              for line in log_lines(procs, "long-1", "long-2") if line["id"] == event_id]
     tap.ok(row == ("done", 1, "long-1", 0) and lines == [("long-1", "done", True, True)],
            "the heartbeat kept the claim past its lease and the job was completed once, after the SIGTERM",
            f"(state, attempts, completed_by, ended attempts) {row}; log (worker, outcome, ended after "
-           f"SIGTERM, took 3 s) {lines}")
+           f"SIGTERM, took {FINISH_WORK_S} s) {lines}")
     tap.is_(one(cur.connection, "SELECT completed_by FROM throttle.all_events WHERE id = %s", (after_id,))[0],
             "long-2", "a stopping worker claims nothing more: the next event went to the other worker")
     procs.terminate("long-2")
@@ -318,15 +326,42 @@ def strict_order(tap, procs, cur):
     too_early = [(ids.index(line["id"]) + 1, line["outcome"]) for line in lines if line["id"] in ids[1:]
                  and (first_done is None or line["start"] < first_done)]
     done_order = [ids.index(line["id"]) + 1 for line in lines if line["id"] in ids and line["outcome"] == "done"]
-    tap.ok(statuses == [0, 0] and done_order == [1, 2, 3] and not too_early,
+    # The claim of the three: the worker whose event 1 failed says its later events left it.
+    errs = "".join(procs.output(name, "err") for name in names)
+    tap.ok(statuses == [0, 0] and done_order == [1, 2, 3] and not too_early
+           and "2 later events: they are no longer held" in errs and "was lost" not in errs,
            "strict order: after event 1 fails, events 2 and 3 are handled only after event 1 succeeded",
            f"exit {statuses}; handled (event, outcome) in order: {handled}; handled before event 1 "
-           f"succeeded: {too_early}")
+           f"succeeded: {too_early}\n{errs}")
     cur.execute("""SELECT id, state, attempts, completed_by IS NOT NULL FROM throttle.event_history
                    WHERE id = ANY(%s) ORDER BY id""", (ids,))
     history = cur.fetchall()
     tap.is_([row[1:] for row in history], [("done", 2, True), ("done", 1, True), ("done", 1, True)],
             "strict order: each event done once in throttle.event_history, only event 1 tried twice")
+
+
+def strict_handback(tap, procs, cur):
+    """SIGTERM with --on-term handback under a claim of a group in strict
+    order: the fail of the event being worked on sends the claim's later events
+    back to pending, and the worker says so, without calling the claim lost."""
+    queue = PREFIX + "strict-back"
+    cur.execute("""INSERT INTO throttle.group_policy (queue, workers, strict_order) VALUES (%s, 1, true)
+                   ON CONFLICT (queue) DO UPDATE SET workers = 1, strict_order = true""", (queue,))
+    ids = [one(cur.connection, "SELECT throttle.schedule(%s, %s, now(), group_key => 'g')",
+               (queue, f"step:{n}"))[0] for n in (1, 2, 3)]
+    procs.worker("strict-back", queue, "--groups", "--on-term", "handback", "--work-ms", "30000", "--poll", "0.2")
+    wait_until(lambda: one(cur.connection, "SELECT count(*) FROM throttle.event WHERE queue = %s "
+                           "AND state = 'claimed'", (queue,))[0] == 3, 10)
+    status = procs.terminate("strict-back")
+    cur.execute("SELECT state, attempts, last_error FROM throttle.event WHERE id = ANY(%s) ORDER BY id", (ids,))
+    rows = cur.fetchall()
+    err = procs.output("strict-back", "err")
+    tap.ok(status == 0 and rows == [("pending", 1, "worker stopping: handed back"),
+                                    ("pending", 0, None), ("pending", 0, None)]
+           and "2 of its 2 later events were no longer held" in err and "was lost" not in err,
+           "SIGTERM under a strict claim: event 1 handed back, events 2 and 3 sent back by its fail "
+           "(no attempt), and no claim called lost",
+           f"exit {status}; (state, attempts, last_error) {rows}\n{err}")
 
 
 LOST_WORK_S = 8                 # the job of lost_claim; its worker's lease is 1.5 s
@@ -445,8 +480,9 @@ def ratelimit(tap, procs, cur):
     tap.is_([summary(get(url))[:3] for _ in range(2)], [(200, "3", "2"), (200, "3", "1")],
             "without X-Api-Key the client's address is the key")
     # take refuses a bucket name over 200 bytes: the client's error, not an outage.
-    longest = "k" * (200 - len("http:key:"))
-    too_long, at_limit = get(url, "k" * 300), get(url, longest)
+    # Both derived from this run's key: a bucket no earlier run on this cluster has taken from.
+    longest = f"{alice}-".ljust(200 - len("http:key:"), "k")
+    too_long, at_limit = get(url, f"{alice}-".ljust(300, "k")), get(url, longest)
     tap.ok(too_long[0] == 400 and b"too long" in too_long[2] and summary(at_limit)[:3] == (200, "3", "2"),
            "a 300-byte X-Api-Key gets 400; one that makes a 200-byte bucket name passes",
            f"300 bytes: {too_long[0]} {too_long[2]!r}; {len(longest)} bytes: {summary(at_limit)}")
@@ -475,7 +511,7 @@ def ratelimit(tap, procs, cur):
 
 
 def main():
-    tap = Tap(30)
+    tap = Tap(31)
     conn = connect()
     cur = conn.cursor()
     # Leftovers of an earlier run on this cluster.
@@ -491,6 +527,7 @@ def main():
             listen(tap, procs, cur)
             sigterm_finish(tap, procs, cur)
             sigterm_handback(tap, procs, cur)
+            strict_handback(tap, procs, cur)
             lost_claim(tap, procs, cur)
             strict_order(tap, procs, cur)
             ratelimit(tap, procs, cur)
