@@ -178,12 +178,18 @@ void link_entry(PartitionState& partition, RegistryEntry* entry) {
 
 // Keeps the counters of an entry that is about to be dropped, or of a copy
 // that a call was decided on without storing it (registry_metrics).
+// A call that counted nothing (a peek) writes nothing: the partition's
+// counters are shared by every backend, and peeks of absent keys are hot.
 void retire_counters(PartitionState& partition, const RegistryEntry& entry) {
     const uint8 kind = entry.key.kind < kEntryKindCount ? entry.key.kind : 0;
-    __atomic_fetch_add(&partition.retired_grants[kind],
-                       __atomic_load_n(&entry.grants, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
-    __atomic_fetch_add(&partition.retired_denials[kind],
-                       __atomic_load_n(&entry.denials, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+    const uint64 grants = __atomic_load_n(&entry.grants, __ATOMIC_RELAXED);
+    const uint64 denials = __atomic_load_n(&entry.denials, __ATOMIC_RELAXED);
+    if (grants != 0) {
+        __atomic_fetch_add(&partition.retired_grants[kind], grants, __ATOMIC_RELAXED);
+    }
+    if (denials != 0) {
+        __atomic_fetch_add(&partition.retired_denials[kind], denials, __ATOMIC_RELAXED);
+    }
 }
 
 // Drops an entry: from its partition's list, its owner's and database's
