@@ -109,10 +109,24 @@ def synchronous_standby(tap, primary, directory, port):
 
 def main():
     tap = Tap(33)
-    primary = connect()
-    one(primary, "CREATE EXTENSION IF NOT EXISTS pg_throttle; SELECT 1")
     directory = tempfile.mkdtemp(prefix="pg_throttle_standby.")
     port = int(os.environ.get("PGPORT", "5432")) + 50
+    try:
+        run(tap, directory, port)
+    finally:
+        # Also when a step fails: a standby left running would hold its port
+        # for the next run (the failover suite of the next version).
+        try:
+            pg_ctl(directory, "stop", "-m", "immediate")
+        except (subprocess.CalledProcessError, OSError):
+            pass  # not running
+        shutil.rmtree(directory, ignore_errors=True)
+    tap.done()
+
+
+def run(tap, directory, port):
+    primary = connect()
+    one(primary, "CREATE EXTENSION IF NOT EXISTS pg_throttle; SELECT 1")
     # The backup is taken before the primary hands out any token, so the
     # standby's copy of the fence file knows none of them: only WAL tells it.
     make_standby(primary, directory, port)
@@ -188,9 +202,6 @@ def main():
     tap.is_(one(standby, "SELECT token FROM throttle.locks WHERE name = 'fo.kept'"), (kept,),
             "after a crash of the promoted server, a lease granted on the old primary is still held")
     standby.close()
-    pg_ctl(directory, "stop", "-m", "immediate")
-    shutil.rmtree(directory, ignore_errors=True)
-    tap.done()
 
 
 if __name__ == "__main__":
