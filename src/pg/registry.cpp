@@ -176,12 +176,18 @@ void link_entry(PartitionState& partition, RegistryEntry* entry) {
     dlist_push_tail(&partition.entries, &entry->link);
 }
 
+// A kind as an index of the per-kind arrays (0, unused, for a value no
+// EntryKind has).
+int kind_index(const RegistryKey& key) {
+    return key.kind < kEntryKindCount ? key.kind : 0;
+}
+
 // Keeps the counters of an entry that is about to be dropped, or of a copy
 // that a call was decided on without storing it (registry_metrics).
 // A call that counted nothing (a peek) writes nothing: the partition's
 // counters are shared by every backend, and peeks of absent keys are hot.
 void retire_counters(PartitionState& partition, const RegistryEntry& entry) {
-    const uint8 kind = entry.key.kind < kEntryKindCount ? entry.key.kind : 0;
+    const int kind = kind_index(entry.key);
     const uint64 grants = __atomic_load_n(&entry.grants, __ATOMIC_RELAXED);
     const uint64 denials = __atomic_load_n(&entry.denials, __ATOMIC_RELAXED);
     if (grants != 0) {
@@ -192,10 +198,11 @@ void retire_counters(PartitionState& partition, const RegistryEntry& entry) {
     }
 }
 
-// Drops an entry: from its partition's list, its owner's and database's
-// counts and the hash table. The caller holds the partition's exclusive lock.
-void remove_entry(RegistryEntry* entry) {
-    retire_counters(partition_state_of(*entry), *entry);
+// Drops an entry of `partition`: from its list, its owner's and database's
+// counts and the hash table, keeping its counters. The caller holds the
+// partition's exclusive lock.
+void remove_entry(PartitionState& partition, RegistryEntry* entry) {
+    retire_counters(partition, *entry);
     dlist_delete(&entry->link);
     quota_uncharge(entry->owner, entry->key.dbid);
     hash_search(registry, &entry->key, HASH_REMOVE, nullptr);
@@ -223,7 +230,7 @@ long reclaim_partition(int index, core::Micros now) {
         core::Micros earliest_survivor = core::kNever;
         for_each_entry(&partition.entries, [&](RegistryEntry* entry) {
             if (registry_reclaimable(*entry, now)) {
-                remove_entry(entry);
+                remove_entry(partition, entry);
                 reclaimed++;
             } else if (entry->expires_at < earliest_survivor) {
                 earliest_survivor = entry->expires_at;
@@ -601,7 +608,7 @@ bool registry_remove(const RegistryKey& key) {
     if (entry == nullptr) {
         return false;
     }
-    remove_entry(entry);
+    remove_entry(partition_state(partition_of(hash)), entry);
     return true;
 }
 
@@ -735,7 +742,7 @@ void registry_notice_promotion() {
             for_each_entry(&partition.entries, [&](RegistryEntry* entry) {
                 const auto kind = static_cast<EntryKind>(entry->key.kind);
                 if (kind == EntryKind::kResource || entry_kind_is_bucket(kind)) {
-                    remove_entry(entry);
+                    remove_entry(partition, entry);
                 }
             });
         }
@@ -769,8 +776,7 @@ void registry_metrics(RegistryKindMetrics* kinds) {
         }
         for_each_entry(&partition.entries, [&](RegistryEntry* entry) {
             const auto kind = static_cast<EntryKind>(entry->key.kind);
-            RegistryKindMetrics& totals =
-                kinds[entry->key.kind < kEntryKindCount ? entry->key.kind : 0];
+            RegistryKindMetrics& totals = kinds[kind_index(entry->key)];
             totals.entries++;
             // In force by the real clock: a test clock is one session's.
             totals.in_force += real_now < entry->expires_at ? 1 : 0;
