@@ -68,11 +68,14 @@ LINT_PACKAGES=(clang-format clang-tidy)
 # (psycopg 3; Node.js with npm, unless the machine has them already).
 CLIENT_PACKAGES=(pgbouncer prometheus-postgres-exporter python3-psycopg python3-psycopg-pool)
 
+package_installed() {
+    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"
+}
+
 install_missing_packages() {
-    local missing=()
+    local missing=() pkg
     for pkg in "${PACKAGES[@]}" "$@"; do
-        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
-            missing+=("$pkg")
+        package_installed "$pkg" || missing+=("$pkg")
     done
     if [ ${#missing[@]} -gt 0 ]; then
         echo "Installing from Debian: ${missing[*]}"
@@ -88,19 +91,15 @@ install_missing_packages() {
 # start their own, on loopback, so the services of packages installed here
 # are stopped and disabled.
 install_client_packages() {
-    local wanted=("${CLIENT_PACKAGES[@]}") missing=() pkg
+    local wanted=("${CLIENT_PACKAGES[@]}") new_services=() pkg
     command -v npm >/dev/null || wanted+=(nodejs npm)
-    for pkg in "${wanted[@]}"; do
-        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
-            missing+=("$pkg")
+    for pkg in pgbouncer prometheus-postgres-exporter; do
+        package_installed "$pkg" || new_services+=("$pkg")
     done
-    [ ${#missing[@]} -gt 0 ] || return 0
-    install_missing_packages "${missing[@]}"
+    install_missing_packages "${wanted[@]}"
     if [ -d /run/systemd/system ]; then
-        for pkg in pgbouncer prometheus-postgres-exporter; do
-            if printf '%s\n' "${missing[@]}" | grep -qx "$pkg"; then
-                as_root systemctl disable --now "$pkg" >/dev/null 2>&1 || true
-            fi
+        for pkg in "${new_services[@]}"; do
+            as_root systemctl disable --now "$pkg" >/dev/null 2>&1 || true
         done
     fi
 }

@@ -14,7 +14,6 @@ names.
 """
 import collections
 import json
-import math
 import os
 import re
 import select
@@ -26,11 +25,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
 from pgconn import connect, one  # noqa: E402
+from polling import wait_until  # noqa: E402
+from ratelimit_http import check_burst, check_wait_out, get, limits  # noqa: E402
 from tap import Tap  # noqa: E402
 
 EXAMPLES = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
@@ -104,16 +103,6 @@ def read_log(path):
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
-
-
-def wait_for(condition, timeout, step=0.05):
-    """Polls `condition` until it returns something true or `timeout` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(step)
 
 
 def open_work(conn, queues):
@@ -191,7 +180,7 @@ def test_workers(tap, conn, tmp):
     nodes = [worker(tmp, JOBS, f"jobs-{i}", "--max", "10", "--work-ms", "5", *common) for i in range(3)]
     nodes += [worker(tmp, GROUPS, f"groups-{i}", "--groups", "--work-ms", "20", *common) for i in range(3)]
     t0 = time.monotonic()
-    left = wait_for(lambda: open_work(conn, [JOBS, GROUPS]) == 0, 40, 0.2)
+    left = wait_until(lambda: open_work(conn, [JOBS, GROUPS]) == 0, 40, 0.2)
     took = time.monotonic() - t0
     tap.ok(left, f"the workers drained both queues ({took:.1f} s)",
            f"{open_work(conn, [JOBS, GROUPS])} events pending or claimed")
@@ -256,7 +245,7 @@ def test_listen(tap, conn, tmp):
     time.sleep(0.3)   # it is asleep in its 30 s poll interval now
     scheduled_ms = time.time() * 1000
     one(conn, "SELECT throttle.schedule(%s, 'wake', now())", (queue,))
-    run = wait_for(lambda: read_log(w.log), 5)
+    run = wait_until(lambda: read_log(w.log), 5)
     latency = (run[0]["start"] - scheduled_ms) / 1000 if run else None
     tap.ok(ready and latency is not None and latency < 1.0,
            "LISTEN wakes an idle worker (polling every 30 s) within 1 s"
@@ -278,7 +267,7 @@ def test_strict_order(tap, conn, tmp):
            for n, payload in enumerate(['{"fail": true}', '{}', '{}'], 1)]
     nodes = [worker(tmp, queue, f"strict-{i}", "--groups", "--poll", "0.2", "--retry-in", "0.3",
                     "--work-ms", "20") for i in range(2)]
-    wait_for(lambda: one(conn, "SELECT count(*) FROM throttle.event_history WHERE id = ANY(%s)",
+    wait_until(lambda: one(conn, "SELECT count(*) FROM throttle.event_history WHERE id = ANY(%s)",
                          (ids,))[0] == 3, 20, 0.05)
     codes = stop_all(nodes)
     runs = sorted((r for n in nodes for r in read_log(n.log) if int(r["id"]) in ids), key=lambda r: r["start"])
@@ -308,10 +297,10 @@ def test_lost_claim(tap, conn, tmp):
     queue = "it.node.lost"
     event = one(conn, "SELECT throttle.schedule(%s, 'lost', now(), group_key => 'g')", (queue,))[0]
     w = worker(tmp, queue, "lost-0", "--groups", "--lease", "1.5", "--work-ms", "2500", "--poll", "0.5")
-    claimed = wait_for(lambda: claimed_by(conn, queue, "lost-0"), 10)
+    claimed = wait_until(lambda: claimed_by(conn, queue, "lost-0"), 10)
     time.sleep(0.2)
     one(conn, "SELECT throttle.release_group(%s, 'g')", (queue,))
-    done = wait_for(lambda: one(conn, "SELECT state FROM throttle.all_events WHERE id = %s",
+    done = wait_until(lambda: one(conn, "SELECT state FROM throttle.all_events WHERE id = %s",
                                 (event,))[0] == "done", 15, 0.1)
     code = stop_all([w])[0]
     log = read_log(w.log)
@@ -329,7 +318,7 @@ def test_sigterm(tap, conn, tmp):
     queue = "it.node.term"
     event = one(conn, "SELECT throttle.schedule(%s, 'long', now())", (queue,))[0]
     busy = worker(tmp, queue, "term-0", "--lease", "1.5", "--work-ms", "3000", "--poll", "0.2")
-    claimed = wait_for(lambda: claimed_by(conn, queue, "term-0"), 10)
+    claimed = wait_until(lambda: claimed_by(conn, queue, "term-0"), 10)
     other = worker(tmp, queue, "term-1", "--lease", "1.5", "--work-ms", "0", "--poll", "0.2")
     time.sleep(0.5)
     busy.signal(signal.SIGTERM)
@@ -349,11 +338,11 @@ def test_hand_back(tap, conn, tmp):
     queue = "it.node.handback"
     event = one(conn, "SELECT throttle.schedule(%s, 'long', now())", (queue,))[0]
     w = worker(tmp, queue, "back-0", "--work-ms", "30000")
-    claimed = wait_for(lambda: claimed_by(conn, queue, "back-0"), 10)
+    claimed = wait_until(lambda: claimed_by(conn, queue, "back-0"), 10)
     w.signal(signal.SIGTERM)
     # Two signals that arrive before node runs its handler would merge into one: send the
     # second only once the worker has said it took the first.
-    first_seen = wait_for(lambda: "finishing the events held" in w.stderr(), 10)
+    first_seen = wait_until(lambda: "finishing the events held" in w.stderr(), 10)
     t0 = time.monotonic()
     w.signal(signal.SIGTERM)
     code = w.wait(10)
@@ -366,24 +355,6 @@ def test_hand_back(tap, conn, tmp):
            and state == ("pending", 1, "worker shutting down", True),
            f"a second SIGTERM hands the event back, due at once, and exits 0 ({took:.1f} s)",
            f"exit: {code}\nstate: {state}\n{w.stderr()}")
-
-
-def get(port, api_key=None):
-    """A GET; (status, headers, body as JSON) for every status."""
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/hello")
-    if api_key:
-        req.add_header("X-Api-Key", api_key)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, resp.headers, json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers, json.loads(e.read())
-
-
-def limits(answer):
-    status, h, _ = answer
-    return (status, h.get("RateLimit-Limit"), h.get("RateLimit-Remaining"), h.get("RateLimit-Reset"),
-            h.get("Retry-After"))
 
 
 def start_server(tmp, name, rate, per, burst):
@@ -417,42 +388,22 @@ def test_http(tap, conn, tmp):
         for _ in range(HTTP_TESTS):
             tap.ok(False, "the HTTP servers started", server.stderr() + server2.stderr())
         return
+    url, url2 = f"http://127.0.0.1:{port}/hello", f"http://127.0.0.1:{port2}/hello"
     key = f"it-{os.getpid()}-{time.time()}"   # a bucket no earlier run has touched
-    t0 = time.monotonic()
-    answers = [get(port, key) for _ in range(4)]
-    took = time.monotonic() - t0
-
-    # The k-th take leaves the bucket full again 10 k s after the first take: RateLimit-Reset
-    # is 10 k minus the time since the first take, rounded up.
-    def reset_ok(value, k):
-        return value is not None and 10 * k - math.ceil(took) <= int(value) <= 10 * k
-    first = [limits(a) for a in answers[:3]]
-    tap.ok([a[:3] + a[4:] for a in first] == [(200, "3", str(n), None) for n in (2, 1, 0)]
-           and all(reset_ok(a[3], k) for k, a in enumerate(first, 1)),
-           f"three 200s with RateLimit-Limit 3, RateLimit-Remaining 2, 1, 0 and RateLimit-Reset "
-           f"10, 20, 30 s less the time taken ({took:.2f} s)", repr(first))
-    # The 4th would pass 10 s after the first take: retry_after is 10 s less the time since,
-    # and Retry-After that rounded up.
-    denied, body = limits(answers[3]), answers[3][2]
-    retry_after = int(denied[4]) if denied[4] else None
-    tap.ok(denied[:3] == (429, "3", "0") and reset_ok(denied[3], 3) and retry_after is not None
-           and 10 - math.ceil(took) <= retry_after <= 10
-           and retry_after == max(1, math.ceil(body.get("retry_after_s", -1))),
-           f"the 4th: 429 with Retry-After {retry_after}, retry_after ({body.get('retry_after_s')} s) rounded up",
-           f"{denied} {body}")
+    check_burst(tap, url, key)
 
     # The address's bucket outlives a run: start it full.
     one(conn, "SELECT throttle.reset('api:addr:127.0.0.1', 'bucket')")
-    others = [limits(get(port, f"{key}-other"))[:3], limits(get(port, f"{key}-other"))[:3],
-              limits(get(port))[:3]]
+    others = [limits(get(url, f"{key}-other"))[:3], limits(get(url, f"{key}-other"))[:3],
+              limits(get(url))[:3]]
     tap.is_(others, [(200, "3", "2"), (200, "3", "1"), (200, "3", "2")],
             "another X-Api-Key, and a request without one, have buckets of their own")
 
     # take refuses a bucket name over 200 bytes: the client's error, not an outage.
     # Both derived from this run's key: a bucket no earlier run on this cluster has taken from.
     longest = f"{key}-".ljust(200 - len("api:key:"), "k")
-    too_long, at_limit = get(port, f"{key}-".ljust(300, "k")), get(port, longest)
-    tap.ok(too_long[0] == 400 and "too long" in too_long[2].get("error", "")
+    too_long, at_limit = get(url, f"{key}-".ljust(300, "k")), get(url, longest)
+    tap.ok(too_long[0] == 400 and "too long" in json.loads(too_long[2]).get("error", "")
            and limits(at_limit)[:3] == (200, "3", "2"),
            "a 300-byte X-Api-Key gets 400; one that makes a 200-byte bucket name passes",
            f"300 bytes: {too_long[0]} {too_long[2]}; {len(longest)} bytes: {limits(at_limit)}")
@@ -469,22 +420,14 @@ def test_http(tap, conn, tmp):
     finally:
         server.signal(signal.SIGCONT)
     # Until the three are refused, or (the defect) one of them made the bucket.
-    wait_for(lambda: server.stderr().count("no client address") >= 3 or undefined_bucket(), 10)
+    wait_until(lambda: server.stderr().count("no client address") >= 3 or undefined_bucket(), 10)
     refused, bucket = server.stderr().count("no client address"), undefined_bucket()
     tap.ok(refused == 3 and bucket == 0,
            "a request whose connection is gone is refused, not counted in an 'api:addr:undefined' bucket",
            f"refusals logged: {refused}; 'api:addr:undefined' buckets: {bucket}\n{server.stderr()}")
 
     # A key of its own: a bucket's state is kept by its name, whatever shape takes from it.
-    again = [get(port2, f"{key}-again"), get(port2, f"{key}-again")]
-    waited = again[1][1].get("Retry-After")
-    if waited:
-        time.sleep(int(waited))
-    again.append(get(port2, f"{key}-again"))
-    tap.ok([a[0] for a in again] == [200, 429, 200] and waited is not None and 1 <= int(waited) <= 2
-           and int(waited) == max(1, math.ceil(again[1][2].get("retry_after_s", -1))),
-           f"rate 1 per 2 s, burst 1: 200, 429 with Retry-After {waited}, and 200 again after waiting it",
-           repr([limits(a) for a in again]))
+    check_wait_out(tap, url2, f"{key}-again")
     tap.is_(stop_all([server, server2]), [0, 0], "the servers exit 0 on SIGTERM")
 
 

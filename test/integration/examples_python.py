@@ -17,19 +17,17 @@ so that the answers do not depend on how fast the requests come.
 """
 import collections
 import json
-import math
 import os
-import select
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
 from pgconn import connect, one  # noqa: E402
+from polling import wait_until  # noqa: E402
+from ratelimit_http import check_burst, check_wait_out, get, limits  # noqa: E402
 from tap import Tap  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -88,16 +86,6 @@ class Processes:
                 except ProcessLookupError:
                     pass
                 proc.wait()
-
-
-def wait_until(condition, timeout, step=0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        if condition():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(step)
 
 
 def log_lines(procs, *names):
@@ -406,16 +394,6 @@ def lost_claim(tap, procs, cur):
         procs.terminate(name)
 
 
-def get(url, api_key=None):
-    """A GET; (status, headers, body) for 200 and for 429 alike."""
-    request = urllib.request.Request(url, headers={"X-Api-Key": api_key} if api_key else {})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, response.headers, response.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers, e.read()
-
-
 def start_server(procs, name, rate, per, burst):
     """A ratelimit_server.py of this shape; its URL, or None when it did not start."""
     proc = procs.start(name, [SERVER, "--rate", str(rate), "--per", str(per), "--burst", str(burst),
@@ -440,52 +418,27 @@ def ratelimit(tap, procs, cur):
     url, url2 = url + "hello", url2 + "hello"
     alice, bob, carol = (f"{name}-{os.getpid()}" for name in ("alice", "bob", "carol"))  # new buckets
 
-    def summary(answer):
-        status, headers, _ = answer
-        return (status, headers.get("RateLimit-Limit"), headers.get("RateLimit-Remaining"),
-                headers.get("RateLimit-Reset"), headers.get("Retry-After"))
-
-    t0 = time.monotonic()
-    answers = [get(url, alice) for _ in range(4)]
-    took = time.monotonic() - t0
-    # The k-th take leaves the bucket full again 10 k s after the first take:
-    # RateLimit-Reset is 10 k minus the time since the first take, rounded up.
-    def reset_ok(value, k):
-        return value is not None and 10 * k - math.ceil(took) <= int(value) <= 10 * k
-    first3 = [summary(a) for a in answers[:3]]
-    tap.ok([a[:3] + a[4:] for a in first3] == [(200, "3", str(n), None) for n in (2, 1, 0)]
-           and all(reset_ok(a[3], k) for k, a in enumerate(first3, 1)),
-           f"burst 3: three 200s with RateLimit-Remaining 2, 1, 0 and RateLimit-Reset 10, 20, 30 s "
-           f"less the time taken ({took:.2f} s)", str(first3))
-    # The 4th would pass 10 s after the first take: retry_after is 10 s less
-    # the time since, and Retry-After that rounded up.
-    denied = summary(answers[3])
+    answers = check_burst(tap, url, alice)
     body = json.loads(answers[3][2])
-    retry_after = int(denied[4]) if denied[4] else None
-    tap.ok(denied[:3] == (429, "3", "0") and reset_ok(denied[3], 3) and retry_after is not None
-           and 10 - math.ceil(took) <= retry_after <= 10
-           and retry_after == max(1, math.ceil(body.get("retry_after_s", -1))),
-           f"the 4th: 429 with Retry-After {retry_after}, retry_after ({body.get('retry_after_s')} s) rounded up",
-           f"{denied} {body}")
     tap.ok(json.loads(answers[0][2]) == {"path": "/hello", "client": f"key:{alice}"}
            and body.get("error") == "too many requests",
            "200 answers the application's body, 429 an error", f"{answers[0][2]!r} {answers[3][2]!r}")
     peek = one(cur.connection, "SELECT allowed, remaining FROM throttle.take(%s, 1, '10 seconds', 3, cost => 0)",
                ("http:key:" + alice,))
     tap.is_(peek, (False, 0), "the server took from the client's bucket in pg_throttle (a peek finds it empty)")
-    tap.is_([summary(get(url, bob))[:3] for _ in range(2)], [(200, "3", "2"), (200, "3", "1")],
+    tap.is_([limits(get(url, bob))[:3] for _ in range(2)], [(200, "3", "2"), (200, "3", "1")],
             "another X-Api-Key has a bucket of its own")
     # The address's bucket outlives a run: start it full.
     one(cur.connection, "SELECT throttle.reset('http:addr:127.0.0.1', 'bucket')")
-    tap.is_([summary(get(url))[:3] for _ in range(2)], [(200, "3", "2"), (200, "3", "1")],
+    tap.is_([limits(get(url))[:3] for _ in range(2)], [(200, "3", "2"), (200, "3", "1")],
             "without X-Api-Key the client's address is the key")
     # take refuses a bucket name over 200 bytes: the client's error, not an outage.
     # Both derived from this run's key: a bucket no earlier run on this cluster has taken from.
     longest = f"{alice}-".ljust(200 - len("http:key:"), "k")
     too_long, at_limit = get(url, f"{alice}-".ljust(300, "k")), get(url, longest)
-    tap.ok(too_long[0] == 400 and b"too long" in too_long[2] and summary(at_limit)[:3] == (200, "3", "2"),
+    tap.ok(too_long[0] == 400 and b"too long" in too_long[2] and limits(at_limit)[:3] == (200, "3", "2"),
            "a 300-byte X-Api-Key gets 400; one that makes a 200-byte bucket name passes",
-           f"300 bytes: {too_long[0]} {too_long[2]!r}; {len(longest)} bytes: {summary(at_limit)}")
+           f"300 bytes: {too_long[0]} {too_long[2]!r}; {len(longest)} bytes: {limits(at_limit)}")
     # The database away (the server's sessions ended under its pool): 503, failing
     # closed; the pool then opens a new connection and the limit is back.
     # (pg_terminate_backend waits up to 5 s for each session to end.)
@@ -494,19 +447,10 @@ def ratelimit(tap, procs, cur):
     ended = cur.fetchone()[0]
     down, back = get(url, f"dave-{os.getpid()}"), get(url, f"dave-{os.getpid()}")
     tap.ok(ended >= 1 and (down[0], down[1].get("Retry-After")) == (503, "1")
-           and summary(back)[:3] == (200, "3", "2"),
+           and limits(back)[:3] == (200, "3", "2"),
            "its database connections gone, the server answers 503 with Retry-After 1, then 200 again",
-           f"sessions ended {ended}; {down[0]} {down[2]!r}; then {summary(back)}")
-    again = [get(url2, carol), get(url2, carol)]
-    waited = again[1][1].get("Retry-After")
-    if waited:
-        time.sleep(int(waited))
-    again.append(get(url2, carol))
-    body = json.loads(again[1][2])
-    tap.ok([a[0] for a in again] == [200, 429, 200] and waited is not None
-           and 1 <= int(waited) <= 2 and int(waited) == max(1, math.ceil(body.get("retry_after_s", -1))),
-           f"rate 1 per 2 s, burst 1: 200, 429 with Retry-After {waited}, and 200 again after waiting it",
-           str([summary(a) for a in again]))
+           f"sessions ended {ended}; {down[0]} {down[2]!r}; then {limits(back)}")
+    check_wait_out(tap, url2, carol)
     tap.is_([procs.terminate("server"), procs.terminate("server2")], [0, 0], "the servers exit 0 on SIGTERM")
 
 

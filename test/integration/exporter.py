@@ -18,6 +18,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
 from pgconn import connect, one, sql_error  # noqa: E402
+from polling import wait_until  # noqa: E402
 from tap import Tap  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -160,9 +161,7 @@ def main():
     waiting = threading.Thread(
         target=lambda: one(waiter, "SELECT throttle.lock('metrics:lock', wait => '30 seconds')"))
     waiting.start()
-    deadline = time.monotonic() + 10
-    while registry_row(admin, "lock")[5] < 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: registry_row(admin, "lock")[5] >= 1, 10)
     t.is_(registry_row(admin, "lock")[5], 1, "a backend waiting for a lock is counted")
 
     # Queues: due, scheduled, claimed, claims whose lease ended, dead.

@@ -28,6 +28,7 @@ import psycopg2
 
 sys.path.insert(0, os.path.dirname(__file__))
 from pgconn import connect, most_at_once, one, rows  # noqa: E402
+from polling import wait_until  # noqa: E402
 from pooler import PgBouncer  # noqa: E402
 from tap import Tap  # noqa: E402
 
@@ -324,12 +325,7 @@ def held(direct, name):
 
 
 def released_within(direct, name, seconds):
-    deadline = time.monotonic() + seconds
-    while held(direct, name) is not None:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
+    return wait_until(lambda: held(direct, name) is None, seconds)
 
 
 def session_locks(tap, pooler, direct):
@@ -399,16 +395,6 @@ def session_locks(tap, pooler, direct):
     released_within(direct, "pgb.discard", 5)
 
 
-def until(condition, seconds):
-    """Polls `condition` until it holds or `seconds` pass; whether it held."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def blocking_and_listen(tap, pooler, direct):
     # A blocking call holds its server connection: on 'single', a client's SELECT 1
     # waits for another client's throttle.wait to pass.
@@ -421,7 +407,7 @@ def blocking_and_listen(tap, pooler, direct):
     # Until the wait sleeps on the server (a slow machine may take its time to send it).
     sleeping = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT throttle.wait(%%' " \
                "AND wait_event_type = 'Extension'"
-    until(lambda: one(direct, sleeping)[0] == 1, 10)
+    wait_until(lambda: one(direct, sleeping)[0] == 1, 10)
     t0 = time.monotonic()
     one(other, "SELECT 1")
     took = time.monotonic() - t0
@@ -443,7 +429,7 @@ def blocking_and_listen(tap, pooler, direct):
 
     t = threading.Thread(target=one, args=(other, "SELECT pg_sleep(2)"), daemon=True)
     t.start()
-    until(lambda: one(direct, "SELECT count(*) FROM pg_stat_activity "
+    wait_until(lambda: one(direct, "SELECT count(*) FROM pg_stat_activity "
                               "WHERE query = 'SELECT pg_sleep(2)' AND state = 'active'")[0] == 1, 10)
     one(direct, "SELECT throttle.schedule(%s, 'busy', now())", (channel,))
     t.join(5)

@@ -18,6 +18,7 @@ import psycopg2
 
 sys.path.insert(0, os.path.dirname(__file__))
 from pgconn import connect, one, sql_error  # noqa: E402
+from polling import wait_until  # noqa: E402
 from tap import Tap  # noqa: E402
 
 DB_A, DB_B = "sec_a", "sec_b"
@@ -95,7 +96,7 @@ def ownership(tap, superuser):
     waiter = threading.Thread(target=lambda: got.update(token=one(
         alice, "SELECT throttle.lock('sec.handover', '1 minute', '10 seconds')")[0]))
     waiter.start()
-    wait_for(lambda: one(superuser_in(DB_A), "SELECT waiters FROM throttle.locks "
+    wait_until(lambda: one(superuser_in(DB_A), "SELECT waiters FROM throttle.locks "
                                              "WHERE name = 'sec.handover'")[0] == 1)
     one(bob, "SELECT throttle.unlock('sec.handover', %s)", (token,))
     waiter.join(10)
@@ -117,15 +118,6 @@ def superuser_in(db):
     if db not in _admins:
         _admins[db] = connect(dbname=db)
     return _admins[db]
-
-
-def wait_for(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def queue_groups(tap):
@@ -261,10 +253,10 @@ def reset_with_waiters(tap, admin_a):
 
     first = threading.Thread(target=wait, args=("alice", alice))
     first.start()
-    wait_for(lambda: (waiters() or [0])[0] == 1)
+    wait_until(lambda: (waiters() or [0])[0] == 1)
     second = threading.Thread(target=wait, args=("bob", bob))
     second.start()
-    wait_for(lambda: (waiters() or [0])[0] == 2)
+    wait_until(lambda: (waiters() or [0])[0] == 2)
     other_alice = as_role("sec_alice")  # alice's first session is waiting
     tap.is_(code_of(other_alice, "SELECT throttle.reset('sec.reset')"), "42501",
             "an ordinary role cannot reset entries")
@@ -309,7 +301,7 @@ def long_waits(tap, admin_a):
         waiter = threading.Thread(target=lambda: done.update(token=one(
             alice, "SELECT throttle.lock('sec.long', '1 minute', %s)", (wait,))[0]))
         waiter.start()
-        wait_for(lambda: one(admin_a, "SELECT waiters FROM throttle.locks "
+        wait_until(lambda: one(admin_a, "SELECT waiters FROM throttle.locks "
                                       "WHERE name = 'sec.long'")[0] == 1)
         before = context_switches(pid)
         time.sleep(1.0)
