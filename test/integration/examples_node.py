@@ -268,7 +268,7 @@ def test_strict_order(tap, conn, tmp):
     nodes = [worker(tmp, queue, f"strict-{i}", "--groups", "--poll", "0.2", "--retry-in", "0.3",
                     "--work-ms", "20") for i in range(2)]
     wait_until(lambda: one(conn, "SELECT count(*) FROM throttle.event_history WHERE id = ANY(%s)",
-                         (ids,))[0] == 3, 20, 0.05)
+                           (ids,))[0] == 3, 20, 0.05)
     codes = stop_all(nodes)
     runs = sorted((r for n in nodes for r in read_log(n.log) if int(r["id"]) in ids), key=lambda r: r["start"])
     step = {event_id: n for n, event_id in enumerate(ids, 1)}
@@ -301,7 +301,7 @@ def test_lost_claim(tap, conn, tmp):
     time.sleep(0.2)
     one(conn, "SELECT throttle.release_group(%s, 'g')", (queue,))
     done = wait_until(lambda: one(conn, "SELECT state FROM throttle.all_events WHERE id = %s",
-                                (event,))[0] == "done", 15, 0.1)
+                                  (event,))[0] == "done", 15, 0.1)
     code = stop_all([w])[0]
     log = read_log(w.log)
     history = _rows(conn, "SELECT attempt, outcome FROM throttle.attempt_history WHERE event_id = %s "
@@ -403,7 +403,7 @@ def test_http(tap, conn, tmp):
     # Both derived from this run's key: a bucket no earlier run on this cluster has taken from.
     longest = f"{key}-".ljust(200 - len("api:key:"), "k")
     too_long, at_limit = get(url, f"{key}-".ljust(300, "k")), get(url, longest)
-    tap.ok(too_long[0] == 400 and "too long" in json.loads(too_long[2]).get("error", "")
+    tap.ok(too_long[0] == 400 and "too long" in too_long[2].get("error", "")
            and limits(at_limit)[:3] == (200, "3", "2"),
            "a 300-byte X-Api-Key gets 400; one that makes a 200-byte bucket name passes",
            f"300 bytes: {too_long[0]} {too_long[2]}; {len(longest)} bytes: {limits(at_limit)}")

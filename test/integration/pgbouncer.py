@@ -430,7 +430,7 @@ def blocking_and_listen(tap, pooler, direct):
     t = threading.Thread(target=one, args=(other, "SELECT pg_sleep(2)"), daemon=True)
     t.start()
     wait_until(lambda: one(direct, "SELECT count(*) FROM pg_stat_activity "
-                              "WHERE query = 'SELECT pg_sleep(2)' AND state = 'active'")[0] == 1, 10)
+                                   "WHERE query = 'SELECT pg_sleep(2)' AND state = 'active'")[0] == 1, 10)
     one(direct, "SELECT throttle.schedule(%s, 'busy', now())", (channel,))
     t.join(5)
     one(listener, "SELECT 1")

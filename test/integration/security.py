@@ -97,7 +97,7 @@ def ownership(tap, superuser):
         alice, "SELECT throttle.lock('sec.handover', '1 minute', '10 seconds')")[0]))
     waiter.start()
     wait_until(lambda: one(superuser_in(DB_A), "SELECT waiters FROM throttle.locks "
-                                             "WHERE name = 'sec.handover'")[0] == 1)
+                                               "WHERE name = 'sec.handover'")[0] == 1)
     one(bob, "SELECT throttle.unlock('sec.handover', %s)", (token,))
     waiter.join(10)
     handed = got.get("token")
@@ -302,7 +302,7 @@ def long_waits(tap, admin_a):
             alice, "SELECT throttle.lock('sec.long', '1 minute', %s)", (wait,))[0]))
         waiter.start()
         wait_until(lambda: one(admin_a, "SELECT waiters FROM throttle.locks "
-                                      "WHERE name = 'sec.long'")[0] == 1)
+                                        "WHERE name = 'sec.long'")[0] == 1)
         before = context_switches(pid)
         time.sleep(1.0)
         after = context_switches(pid)
