@@ -3,7 +3,8 @@
 # environment (pg_virtualenv sets it). One profile per server configuration:
 #   main           pg_throttle preloaded, default settings: pg_regress, pgTAP, real clients,
 #                  the README's examples, what newer servers show (version_features.py),
-#                  the Prometheus exporter, PgBouncer, and the client examples (examples/)
+#                  the Prometheus exporter, PgBouncer, the client examples (examples/) and
+#                  Citus (a three-node cluster of its own; skipped without Citus)
 #   small-registry pg_throttle preloaded, pg_throttle.max_entries = 100
 #   crash PHASE    pg_throttle preloaded, on a cluster the suite crashes itself (one per
 #                  fault: backend, postmaster, damaged-checkpoint)
@@ -49,6 +50,8 @@ main)
     run_suite version-features prove prove --verbose test/integration/version_features.py ||
         status=1
     run_suite exporter prove prove --verbose test/integration/exporter.py || status=1
+    # Skips itself, with the reason, unless Citus is installed for this server.
+    run_suite citus prove prove --verbose test/integration/citus.py || status=1
     run_suite pgbouncer prove prove --verbose test/integration/pgbouncer.py || status=1
     run_suite examples-python prove prove --verbose test/integration/examples_python.py ||
         status=1

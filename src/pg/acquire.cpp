@@ -10,6 +10,7 @@
 #include "pg/clock.hpp"
 #include "pg/holder.hpp"
 #include "pg/registry.hpp"
+#include "pg/scale_out/placement.hpp"
 
 namespace pg_throttle::pg {
 namespace {
@@ -81,6 +82,7 @@ Datum acquire(FunctionCallInfo fcinfo) {
     RegistryKey key;
     registry_make_key(EntryKind::kResource, VARDATA_ANY(resource), VARSIZE_ANY_EXHDR(resource),
                       "resource", &key);
+    placement_enter(EntryKind::kResource, VARDATA_ANY(resource), VARSIZE_ANY_EXHDR(resource));
     const Interval declared = PG_ARGISNULL(1) ? declared_resource_interval(resource) : Interval{};
     const Interval* every_arg = PG_ARGISNULL(1) ? &declared : PG_GETARG_INTERVAL_P(1);
     const Holder holder = holder_from_argument(fcinfo, 2);

@@ -3,6 +3,7 @@
 #include "pg/arguments.hpp"
 #include "pg/catalog.hpp"
 #include "pg/holder.hpp"
+#include "pg/scale_out/placement.hpp"
 
 namespace pg_throttle::pg {
 namespace {
@@ -53,6 +54,7 @@ void fill_shape(int32 rate, const Interval* per, bool burst_is_null, int32 burst
 void bucket_key(const text* key, BucketRequest* request) {
     registry_make_key(EntryKind::kBucket, VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key), "bucket",
                       &request->key);
+    placement_enter(EntryKind::kBucket, VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
 }
 
 struct ReserveCall {

@@ -2,6 +2,7 @@
 #include "pg/clock.hpp"
 
 #include "pg/registry_quota.hpp"
+#include "pg/scale_out/placement.hpp"
 
 extern "C" {
 #include "access/xlog.h"
@@ -265,6 +266,23 @@ std::optional<core::Micros> unknown_since_of(uint8 kind) {
     return since;
 }
 
+// Whether `entry` was last granted before its key's shard moved to this node
+// (a lock with backends queued for it is in use here, so never).
+bool stale_after_move(const RegistryEntry& entry, core::Micros moved_in_at) {
+    if (moved_in_at == kNeverMoved || entry.granted_at >= moved_in_at) {
+        return false;
+    }
+    return entry.key.kind != static_cast<uint8>(EntryKind::kLock) || entry.of.lock.waiters == 0;
+}
+
+// throttle.status names the rule an entry was born under.
+void name_move_rule(RegistryEntry* entry, core::Micros moved_in_at, core::Micros unknown_since) {
+    if (moved_in_at != kNeverMoved && moved_in_at == unknown_since) {
+        strlcpy(entry->holder, "[unknown: granted before its shard moved here]",
+                sizeof entry->holder);
+    }
+}
+
 // 53200, with a hint naming pg_throttle.max_entries.
 [[noreturn]] void raise_full() {
     ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY),  // 53200, as "out of shared memory"
@@ -280,12 +298,20 @@ enum class Attempt { kDone, kFull, kRoleQuota, kDatabaseQuota };
 Attempt try_apply(const RegistryKey& key, uint32 hash, Oid role, const EntryOp& op, void* ctx) {
     LWLock* lock = partition_lock(hash);
     PartitionState& partition = partition_state(partition_of(hash));
-    const std::optional<core::Micros> unknown_since = unknown_since_of(key.kind);
+    // A key whose shard moved here is known no better than after a crash at
+    // the arrival (scale_out/placement.hpp): the later of the two rules.
+    const core::Micros moved_in_at = placement_moved_in_at(key);
+    std::optional<core::Micros> unknown_since = unknown_since_of(key.kind);
+    if (moved_in_at != kNeverMoved) {
+        unknown_since = std::max(unknown_since.value_or(moved_in_at), moved_in_at);
+    }
     {
         PartitionLock shared(lock, LW_SHARED);
         auto* entry = static_cast<RegistryEntry*>(
             hash_search_with_hash_value(registry, &key, hash, HASH_FIND, nullptr));
-        if (entry != nullptr) {
+        if (entry != nullptr && stale_after_move(*entry, moved_in_at)) {
+            // Born again under the move rule: only under the exclusive lock.
+        } else if (entry != nullptr) {
             if (op.decide_shared(entry, ctx)) {
                 return Attempt::kDone;
             }
@@ -344,8 +370,24 @@ Attempt try_apply(const RegistryKey& key, uint32 hash, Oid role, const EntryOp& 
         if (unknown_since.has_value() && op.born != nullptr) {
             op.born(entry, *unknown_since, ctx);
             entry->born = true;
+            name_move_rule(entry, moved_in_at, *unknown_since);
         }
         settle_owner(*entry, role);  // a lock born held by nobody known
+    } else if (stale_after_move(*entry, moved_in_at) && op.born != nullptr) {
+        // Left from before the key's shard moved away and back: what it says
+        // was overtaken on the other node. Born again at the arrival,
+        // keeping its owner (who pays for it) and its counters.
+        const Oid owner = entry->owner;
+        const uint64 grants = entry->grants;
+        const uint64 denials = entry->denials;
+        clear_state(entry);
+        entry->owner = owner;
+        entry->grants = grants;
+        entry->denials = denials;
+        op.born(entry, *unknown_since, ctx);
+        entry->born = true;
+        name_move_rule(entry, moved_in_at, *unknown_since);
+        settle_owner(*entry, owner);
     }
     const Oid owner_before = entry->owner;
     op.apply_exclusive(entry, ctx);
@@ -518,7 +560,9 @@ void registry_update_existing(const RegistryKey& key,
     PartitionLock exclusive(partition_lock(hash), LW_EXCLUSIVE);
     auto* entry = static_cast<RegistryEntry*>(
         hash_search_with_hash_value(registry, &key, hash, HASH_FIND, nullptr));
-    if (entry != nullptr) {
+    // An entry left from before the key's shard moved here is no record of
+    // what it holds now: as absent.
+    if (entry != nullptr && !stale_after_move(*entry, placement_moved_in_at(key))) {
         const Oid owner_before = entry->owner;
         update(entry, ctx);
         settle_owner(*entry, owner_before);

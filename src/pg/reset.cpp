@@ -4,6 +4,7 @@
 #include "pg/durability/checkpoint.hpp"
 #include "pg/locks/locks.hpp"
 #include "pg/registry.hpp"
+#include "pg/scale_out/placement.hpp"
 
 #include "pg/boundary.hpp"
 
@@ -36,6 +37,15 @@ Datum reset(FunctionCallInfo fcinfo) {
         for (const EntryClock clock : {EntryClock::kReal, EntryClock::kTest}) {
             key.clock = static_cast<uint8>(clock);
             keys[key_count++] = key;
+        }
+    }
+    // On a Citus cluster the name's resource, bucket and lock live on the node
+    // that holds its shard (scale_out/placement.hpp).
+    for (size_t i = 0; i < key_count; i++) {
+        const auto kind = static_cast<EntryKind>(keys[i].kind);
+        if (placement_kind_distributed(kind)) {
+            placement_enter(kind, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name));
+            break;
         }
     }
     if (key_count == 0) {

@@ -4,6 +4,7 @@
 
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
+#include "pg/scale_out/placement.hpp"
 
 namespace pg_throttle::pg {
 namespace {
@@ -12,6 +13,23 @@ void lock_key(FunctionCallInfo fcinfo, RegistryKey* key) {
     require_not_null(fcinfo, 0, "name");
     const text* name = PG_GETARG_TEXT_PP(0);
     registry_make_key(EntryKind::kLock, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name), "lock", key);
+    placement_enter(EntryKind::kLock, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name));
+}
+
+// A session lock taken through the Citus coordinator would be held by the
+// coordinator's cached connection to the worker, which every client of the
+// coordinator shares: refused (0A000).
+void refuse_session_lock_through_coordinator() {
+    if (!placement_distributed() || application_name == nullptr ||
+        strncmp(application_name, "citus_internal", strlen("citus_internal")) != 0) {
+        return;
+    }
+    ereport(ERROR,
+            (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+             errmsg("session locks cannot be taken through the Citus coordinator"),
+             errdetail("The coordinator's connection to the worker is shared by its clients, so "
+                       "the lock would belong to all of them and outlive the client."),
+             errhint("Take a lease: give throttle.lock a ttl.")));
 }
 
 // A lease's ttl: positive and at most pg_throttle.max_lease (22023).
@@ -34,6 +52,9 @@ Datum lock(FunctionCallInfo fcinfo) {
     RegistryKey key;
     lock_key(fcinfo, &key);
     const int64 ttl = PG_ARGISNULL(1) ? 0 : lease_ttl(PG_GETARG_INTERVAL_P(1));
+    if (ttl == 0) {
+        refuse_session_lock_through_coordinator();
+    }
     const core::Micros wait_us = optional_wait(fcinfo, 2, "wait");
     const Holder holder = holder_from_argument(fcinfo, 3);
     const int64 token = lock_take(key, ttl, wait_us, holder);

@@ -998,3 +998,80 @@ CREATE VIEW throttle.queue_metrics AS
 COMMENT ON VIEW throttle.queue_metrics IS
     'One row per queue of this database with events in throttle.event: events due (pending, run_at passed; some may wait behind a claimed run of their item_key or a held group), scheduled for later, claimed, claimed whose lease has ended (a worker died or stalled; the next claim takes them over), dead, and the age in seconds of the oldest due event (0 when none is due). Reads the whole of throttle.event: scrape it every few seconds, not in a loop. Readable by everyone, as throttle.event is.';
 GRANT SELECT ON throttle.queue_metrics TO PUBLIC;
+
+--
+-- Scale-out with Citus (README, "Scale-out with Citus").
+--
+CREATE FUNCTION throttle.distribute(shard_count integer DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $distribute$
+DECLARE
+    shards integer;
+    marked integer;
+    fn regprocedure;
+    distributed integer := 0;
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
+        RAISE EXCEPTION 'throttle.distribute needs the citus extension'
+            USING ERRCODE = '55000',
+                  HINT = 'Preload citus before pg_throttle on every node (shared_preload_libraries = ''citus,pg_throttle''), CREATE EXTENSION citus, add the workers, then run throttle.distribute() on the coordinator.';
+    END IF;
+    IF NOT citus_is_coordinator() THEN
+        RAISE EXCEPTION 'throttle.distribute runs on the Citus coordinator'
+            USING ERRCODE = '55000';
+    END IF;
+    IF shard_count IS NOT NULL AND shard_count < 1 THEN
+        RAISE EXCEPTION 'shard_count must be positive' USING ERRCODE = '22023';
+    END IF;
+    IF to_regclass('throttle.key_shard') IS NULL THEN
+        -- The anchor: its shards are the shards of every key, and its one
+        -- row per shard names the shard's first placement (its node and the
+        -- OID of its relation there), so that a node tells the shard it was
+        -- given at the start from one moved to it.
+        CREATE TABLE throttle.key_shard (
+            key text PRIMARY KEY,
+            shard_id bigint NOT NULL,
+            first_group_id bigint NOT NULL,
+            first_relid oid NOT NULL);
+        COMMENT ON TABLE throttle.key_shard IS
+            'Made by throttle.distribute(): the Citus table every key-taking function of pg_throttle is colocated with. One row per shard names its first placement (node group and relation OID). Do not write to it.';
+        PERFORM create_distributed_table('throttle.key_shard', 'key', colocate_with => 'none',
+            shard_count => coalesce(shard_count, current_setting('citus.shard_count')::integer));
+        GRANT SELECT ON throttle.key_shard TO PUBLIC;
+        SELECT count(*) INTO shards FROM pg_dist_shard
+            WHERE logicalrelid = 'throttle.key_shard'::regclass;
+        INSERT INTO throttle.key_shard (key, shard_id, first_group_id, first_relid)
+            SELECT DISTINCT ON (k.shard_id) k.key, k.shard_id, p.groupid, 0
+            FROM (SELECT i, 'shard ' || i AS key,
+                         get_shard_id_for_distribution_column('throttle.key_shard', 'shard ' || i)
+                             AS shard_id
+                  FROM generate_series(1, 64 * shards) i) k
+            JOIN pg_dist_placement p ON p.shardid = k.shard_id
+            ORDER BY k.shard_id, k.i;
+        -- Run on each shard, tableoid is the shard's relation on its node.
+        UPDATE throttle.key_shard SET first_relid = tableoid;
+        SELECT count(*) INTO marked FROM throttle.key_shard;
+        IF marked <> shards THEN
+            RAISE EXCEPTION 'throttle.distribute marked % of % shards', marked, shards;
+        END IF;
+    ELSIF shard_count IS NOT NULL THEN
+        RAISE EXCEPTION 'pg_throttle is already distributed' USING ERRCODE = '55000',
+            HINT = 'Call throttle.distribute() without shard_count to distribute functions again.';
+    END IF;
+    FOR fn IN
+        SELECT p.oid::regprocedure FROM pg_proc p
+        WHERE p.pronamespace = 'throttle'::regnamespace
+          AND p.proname IN ('acquire', 'take', 'allow', 'wait', 'lock', 'unlock', 'renew', 'reset')
+        ORDER BY 1
+    LOOP
+        PERFORM create_distributed_function(fn, '$1', colocate_with => 'throttle.key_shard');
+        distributed := distributed + 1;
+    END LOOP;
+    RETURN distributed;
+END
+$distribute$;
+COMMENT ON FUNCTION throttle.distribute(integer) IS
+    'On a Citus coordinator: spreads pg_throttle''s keys over the cluster. Creates and distributes the anchor table throttle.key_shard (shard_count shards; NULL: citus.shard_count) and makes acquire, take, allow, wait, lock, unlock, renew and reset distributed functions colocated with it by their first argument, so that each key''s state lives on the node that holds its shard. Returns how many functions it distributed. Raises 55000 without Citus.';
+REVOKE EXECUTE ON FUNCTION throttle.distribute(integer) FROM PUBLIC;

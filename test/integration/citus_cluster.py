@@ -1,0 +1,123 @@
+"""A throwaway Citus cluster of three nodes on loopback for the scale-out suite:
+a coordinator and two workers, each preloading citus and pg_throttle."""
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+import psycopg2
+
+from cluster import BIN
+
+MAX_LEASE_S = 6
+
+
+def citus_missing():
+    """Why the suite cannot run here, or None when Citus is installed."""
+    libdir = subprocess.run([f"{BIN}/pg_config", "--pkglibdir"], capture_output=True,
+                            text=True).stdout.strip()
+    sharedir = subprocess.run([f"{BIN}/pg_config", "--sharedir"], capture_output=True,
+                              text=True).stdout.strip()
+    if not os.path.exists(os.path.join(libdir, "citus.so")):
+        return f"Citus is not installed for this server (no citus.so in {libdir})"
+    if not os.path.exists(os.path.join(sharedir, "extension", "citus.control")):
+        return "Citus is not installed for this server (no citus.control)"
+    return None
+
+
+def as_postgres(*command):
+    return subprocess.run(["runuser", "-u", "postgres", "--", *command], check=True,
+                          capture_output=True, text=True)
+
+
+class Node:
+    def __init__(self, directory, name, port):
+        self.name = name
+        self.port = port
+        self.directory = os.path.join(directory, name)
+        self.data = os.path.join(self.directory, "data")
+
+    def init(self):
+        os.makedirs(self.directory)
+        subprocess.run(["chown", "-R", "postgres:postgres", self.directory], check=True)
+        as_postgres(f"{BIN}/initdb", "-D", self.data, "-A", "trust", "-U", "postgres",
+                    "--no-sync")
+        with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
+            f.write(f"""
+listen_addresses = '127.0.0.1'
+port = {self.port}
+unix_socket_directories = '{self.directory}'
+shared_preload_libraries = 'citus,pg_throttle'
+pg_throttle.max_lease = {MAX_LEASE_S}
+max_prepared_transactions = 100
+wal_level = logical
+max_connections = 100
+fsync = off
+citus.shard_replication_factor = 1
+""")
+        self.ctl("start")
+
+    def ctl(self, action, *extra):
+        as_postgres(f"{BIN}/pg_ctl", "-D", self.data, "-l", os.path.join(self.directory, "log"),
+                    "-w", action, *extra)
+
+    def connect(self, dbname="postgres", user="postgres", autocommit=True):
+        conn = psycopg2.connect(host="127.0.0.1", port=self.port, dbname=dbname, user=user)
+        conn.autocommit = autocommit
+        return conn
+
+    def log(self):
+        try:
+            with open(os.path.join(self.directory, "log")) as f:
+                return f.read()
+        except OSError:
+            return ""
+
+
+class CitusCluster:
+    """A coordinator and two workers; stop() removes everything."""
+
+    def __init__(self, base_port):
+        self.directory = tempfile.mkdtemp(prefix="pg_throttle_citus.")
+        os.chmod(self.directory, 0o755)
+        self.coordinator = Node(self.directory, "coordinator", base_port)
+        self.workers = [Node(self.directory, f"worker{i}", base_port + i) for i in (1, 2)]
+        self.nodes = [self.coordinator, *self.workers]
+
+    def start(self):
+        for node in self.nodes:
+            node.init()
+        for node in self.nodes:
+            conn = node.connect()
+            with conn.cursor() as cur:
+                cur.execute("CREATE EXTENSION citus")
+            conn.close()
+        conn = self.coordinator.connect()
+        with conn.cursor() as cur:
+            cur.execute("SELECT citus_set_coordinator_host('127.0.0.1', %s)",
+                        (self.coordinator.port,))
+            for worker in self.workers:
+                cur.execute("SELECT citus_add_node('127.0.0.1', %s)", (worker.port,))
+            cur.execute("CREATE EXTENSION pg_throttle")
+        conn.close()
+
+    def stop(self):
+        for node in self.nodes:
+            try:
+                node.ctl("stop", "-m", "immediate")
+            except subprocess.CalledProcessError:
+                pass
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def worker_of_port(self, port):
+        return next(w for w in self.workers if w.port == port)
+
+
+def wait_until(check, seconds):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return check()
