@@ -249,6 +249,13 @@ BEGIN
         RAISE EXCEPTION 'shard_count must be positive' USING ERRCODE = '22023';
     END IF;
     IF to_regclass('throttle.key_shard') IS NULL THEN
+        -- Keys this node granted would go to workers that never saw them.
+        IF EXISTS (SELECT FROM throttle.status
+                   WHERE kind IN ('resource', 'bucket', 'lock')) THEN
+            RAISE EXCEPTION 'pg_throttle keys are in force on the coordinator'
+                USING ERRCODE = '55000',
+                      HINT = 'Distribute before the first call, or once throttle.status shows no resource, bucket or lock in force.';
+        END IF;
         -- The anchor: its shards are the shards of every key, and its one
         -- row per shard names the shard's first placement (its node and the
         -- OID of its relation there), so that a node tells the shard it was

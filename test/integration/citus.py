@@ -130,6 +130,10 @@ def check_logs(tap, clients, what):
 
 def run(tap, cluster):
     coord = cluster.coordinator.connect()
+    q(coord, "SELECT throttle.acquire('before', '1 hour')")
+    tap.is_(code_of(coord, "SELECT throttle.distribute(8)"), "55000",
+            "throttle.distribute() refuses while the coordinator holds keys in force (55000)")
+    q(coord, "SELECT throttle.reset('before')")
     tap.is_(q(coord, "SELECT throttle.distribute(8)")[0][0], 11,
             "throttle.distribute() distributes the 11 key-taking functions")
     tap.is_(q(coord, "SELECT count(DISTINCT shard_id) FROM throttle.key_shard")[0][0], 8,
@@ -185,6 +189,12 @@ def run(tap, cluster):
     wrong.close()
     tap.is_(code_of(coord, "SELECT throttle.lock('session-lock')"), "0A000",
             "a session lock through the coordinator is refused (0A000)")
+    direct = cluster.workers[0].connect()
+    q(direct, "SET search_path = public, pg_catalog")
+    tap.is_(code_of(direct, "BEGIN; SELECT throttle.lock('session-lock')"), "0A000",
+            "and on a worker directly (no end a shard move could wait out)")
+    q(direct, "ROLLBACK")
+    direct.close()
     token = q(coord, "SELECT throttle.lock('lease-a', ttl => '5 seconds')")[0][0]
     tap.ok(token is not None, "a lease through the coordinator is granted")
     tap.is_(q(coord, "SELECT throttle.unlock('lease-a', %s)", (token,))[0][0], True,
@@ -280,7 +290,7 @@ def main():
     if missing:
         print(f"1..0 # SKIP {missing}", flush=True)
         return
-    tap = Tap(46)
+    tap = Tap(48)
     cluster = CitusCluster(int(os.environ.get("PGPORT", "5432")) + 60)
     try:
         cluster.start()

@@ -16,19 +16,20 @@ void lock_key(FunctionCallInfo fcinfo, RegistryKey* key) {
     placement_enter(EntryKind::kLock, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name));
 }
 
-// A session lock taken through the Citus coordinator would be held by the
-// coordinator's cached connection to the worker, which every client of the
-// coordinator shares: refused (0A000).
+// On a Citus cluster a session lock is refused (0A000): taken through the
+// coordinator it would be held by the coordinator's cached connection to the
+// worker, which every client shares; and it has no end a shard move could
+// wait out (the move rule holds a moved name for pg_throttle.max_lease).
 void refuse_session_lock_through_coordinator() {
-    if (!placement_distributed() || application_name == nullptr ||
-        strncmp(application_name, "citus_internal", strlen("citus_internal")) != 0) {
+    if (!placement_distributed()) {
         return;
     }
     ereport(ERROR,
             (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-             errmsg("session locks cannot be taken through the Citus coordinator"),
-             errdetail("The coordinator's connection to the worker is shared by its clients, so "
-                       "the lock would belong to all of them and outlive the client."),
+             errmsg("session locks cannot be taken on a Citus cluster"),
+             errdetail("Through the coordinator the lock would belong to every client of its "
+                       "connection to the worker, and a shard move cannot wait out a lock "
+                       "with no end."),
              errhint("Take a lease: give throttle.lock a ttl.")));
 }
 

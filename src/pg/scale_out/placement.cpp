@@ -24,7 +24,8 @@ KeptPlan shard_query{
 
 KeptPlan placement_query{
     "SELECT p.groupid::bigint FROM pg_catalog.pg_dist_placement p"
-    " WHERE p.shardid = $1 AND p.groupid = (SELECT groupid FROM pg_catalog.pg_dist_local_group)",
+    " WHERE p.shardid OPERATOR(pg_catalog.=) $1 AND p.groupid OPERATOR(pg_catalog.=)"
+    " (SELECT groupid FROM pg_catalog.pg_dist_local_group)",
     1,
     {INT8OID},
     nullptr};
@@ -72,8 +73,9 @@ int64 single_int8(KeptPlan* query, Datum arg, bool latest, bool* found) {
 bool first_placement(int64 shard_id, int64 group_id, Oid relid) {
     char sql[256];
     snprintf(sql, sizeof sql,
-             "SELECT first_group_id = $2 AND first_relid = $3 FROM %s.%s_" INT64_FORMAT
-             " WHERE shard_id = $1",
+             "SELECT first_group_id OPERATOR(pg_catalog.=) $2 AND first_relid "
+             "OPERATOR(pg_catalog.=) $3 FROM %s.%s_" INT64_FORMAT
+             " WHERE shard_id OPERATOR(pg_catalog.=) $1",
              kSchema, kAnchor, shard_id);
     Oid argtypes[3] = {INT8OID, INT8OID, OIDOID};
     Datum args[3] = {Int64GetDatum(shard_id), Int64GetDatum(group_id), ObjectIdGetDatum(relid)};
