@@ -275,8 +275,13 @@ bool stale_after_move(const RegistryEntry& entry, core::Micros moved_in_at) {
     return entry.key.kind != static_cast<uint8>(EntryKind::kLock) || entry.of.lock.waiters == 0;
 }
 
-// throttle.status names the rule an entry was born under.
-void name_move_rule(RegistryEntry* entry, core::Micros moved_in_at, core::Micros unknown_since) {
+// Sets `entry` to the state its kind's rule gives a name unknown since
+// `unknown_since` (EntryOp::born); throttle.status names the move rule when
+// that is the one in force.
+void bear(RegistryEntry* entry, const EntryOp& op, core::Micros unknown_since,
+          core::Micros moved_in_at, void* ctx) {
+    op.born(entry, unknown_since, ctx);
+    entry->born = true;
     if (moved_in_at != kNeverMoved && moved_in_at == unknown_since) {
         strlcpy(entry->holder, "[unknown: granted before its shard moved here]",
                 sizeof entry->holder);
@@ -338,8 +343,7 @@ Attempt try_apply(const RegistryKey& key, uint32 hash, Oid role, const EntryOp& 
             RegistryEntry born_entry;
             born_entry.key = key;
             clear_state(&born_entry);
-            op.born(&born_entry, *unknown_since, ctx);
-            born_entry.born = true;
+            bear(&born_entry, op, *unknown_since, moved_in_at, ctx);
             if (op.decide_shared(&born_entry, ctx)) {
                 retire_counters(partition, born_entry);
                 return Attempt::kDone;
@@ -368,9 +372,7 @@ Attempt try_apply(const RegistryKey& key, uint32 hash, Oid role, const EntryOp& 
         clear_state(entry);
         entry->owner = role;
         if (unknown_since.has_value() && op.born != nullptr) {
-            op.born(entry, *unknown_since, ctx);
-            entry->born = true;
-            name_move_rule(entry, moved_in_at, *unknown_since);
+            bear(entry, op, *unknown_since, moved_in_at, ctx);
         }
         settle_owner(*entry, role);  // a lock born held by nobody known
     } else if (stale_after_move(*entry, moved_in_at) && op.born != nullptr) {
@@ -384,9 +386,7 @@ Attempt try_apply(const RegistryKey& key, uint32 hash, Oid role, const EntryOp& 
         entry->owner = owner;
         entry->grants = grants;
         entry->denials = denials;
-        op.born(entry, *unknown_since, ctx);
-        entry->born = true;
-        name_move_rule(entry, moved_in_at, *unknown_since);
+        bear(entry, op, *unknown_since, moved_in_at, ctx);
         settle_owner(*entry, owner);
     }
     const Oid owner_before = entry->owner;

@@ -4,31 +4,23 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 
 import psycopg2
 
-from cluster import BIN
+from cluster import BIN, as_postgres
 
 MAX_LEASE_S = 6
 
 
 def citus_missing():
     """Why the suite cannot run here, or None when Citus is installed."""
-    libdir = subprocess.run([f"{BIN}/pg_config", "--pkglibdir"], capture_output=True,
-                            text=True).stdout.strip()
-    sharedir = subprocess.run([f"{BIN}/pg_config", "--sharedir"], capture_output=True,
-                              text=True).stdout.strip()
-    if not os.path.exists(os.path.join(libdir, "citus.so")):
-        return f"Citus is not installed for this server (no citus.so in {libdir})"
-    if not os.path.exists(os.path.join(sharedir, "extension", "citus.control")):
-        return "Citus is not installed for this server (no citus.control)"
+    libdir, sharedir = subprocess.run([f"{BIN}/pg_config", "--pkglibdir", "--sharedir"],
+                                      capture_output=True, text=True).stdout.split()
+    for path in (os.path.join(libdir, "citus.so"),
+                 os.path.join(sharedir, "extension", "citus.control")):
+        if not os.path.exists(path):
+            return f"Citus is not installed for this server (no {path})"
     return None
-
-
-def as_postgres(*command):
-    return subprocess.run(["runuser", "-u", "postgres", "--", *command], check=True,
-                          capture_output=True, text=True)
 
 
 class Node:
@@ -109,15 +101,3 @@ class CitusCluster:
             except subprocess.CalledProcessError:
                 pass
         shutil.rmtree(self.directory, ignore_errors=True)
-
-    def worker_of_port(self, port):
-        return next(w for w in self.workers if w.port == port)
-
-
-def wait_until(check, seconds):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return check()

@@ -14,6 +14,12 @@ BIN = subprocess.run([os.environ.get("PG_CONFIG", "pg_config"), "--bindir"], cap
 PG_VERSION = os.environ.get("PGVERSION") or os.path.basename(os.path.dirname(BIN))
 
 
+def as_postgres(*command):
+    """Runs `command` as the postgres user (for servers a suite builds itself)."""
+    return subprocess.run(["runuser", "-u", "postgres", "--", *command], check=True,
+                          capture_output=True, text=True)
+
+
 def pg_ctlcluster(action, *extra):
     subprocess.run(["pg_ctlcluster", PG_VERSION, "regress", action, *extra], check=True,
                    capture_output=True, text=True)

@@ -24,7 +24,7 @@ import time
 import psycopg2
 
 sys.path.insert(0, os.path.dirname(__file__))
-from cluster import BIN, execute, pg_ctlcluster, reconnect  # noqa: E402
+from cluster import BIN, as_postgres, execute, pg_ctlcluster, reconnect  # noqa: E402
 from crash_rules import check_after_fault, grant_before  # noqa: E402
 from pgconn import connect, one  # noqa: E402
 from tap import Tap  # noqa: E402
@@ -38,11 +38,6 @@ def error_code(conn, sql):
         return None
     except psycopg2.Error as e:
         return e.pgcode
-
-
-def as_postgres(*command):
-    return subprocess.run(["runuser", "-u", "postgres", "--", *command], check=True,
-                          capture_output=True, text=True)
 
 
 def make_standby(primary, directory, port):

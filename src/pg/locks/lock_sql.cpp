@@ -20,7 +20,7 @@ void lock_key(FunctionCallInfo fcinfo, RegistryKey* key) {
 // coordinator it would be held by the coordinator's cached connection to the
 // worker, which every client shares; and it has no end a shard move could
 // wait out (the move rule holds a moved name for pg_throttle.max_lease).
-void refuse_session_lock_through_coordinator() {
+void refuse_session_lock_when_distributed() {
     if (!placement_distributed()) {
         return;
     }
@@ -54,7 +54,7 @@ Datum lock(FunctionCallInfo fcinfo) {
     lock_key(fcinfo, &key);
     const int64 ttl = PG_ARGISNULL(1) ? 0 : lease_ttl(PG_GETARG_INTERVAL_P(1));
     if (ttl == 0) {
-        refuse_session_lock_through_coordinator();
+        refuse_session_lock_when_distributed();
     }
     const core::Micros wait_us = optional_wait(fcinfo, 2, "wait");
     const Holder holder = holder_from_argument(fcinfo, 3);

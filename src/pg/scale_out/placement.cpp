@@ -45,6 +45,20 @@ bool database_distributed() {
     return OidIsValid(schema) && OidIsValid(get_relname_relid(kAnchor, schema));
 }
 
+// The first column of the row the last SPI query found, unless it found
+// none or the value is NULL.
+std::optional<Datum> only_value() {
+    if (SPI_processed != 1) {
+        return std::nullopt;
+    }
+    bool is_null = true;
+    const Datum value = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null);
+    if (is_null) {
+        return std::nullopt;
+    }
+    return value;
+}
+
 // The one bigint `query` answers for `arg` (latest: in the latest snapshot).
 int64 single_int8(KeptPlan* query, Datum arg, bool latest, bool* found) {
     Datum args[1] = {arg};
@@ -53,17 +67,9 @@ int64 single_int8(KeptPlan* query, Datum arg, bool latest, bool* found) {
     } else {
         run_kept_plan(query, args, nullptr, SPI_OK_SELECT, 1);
     }
-    bool is_null = true;
-    int64 value = 0;
-    if (SPI_processed == 1) {
-        const Datum datum =
-            SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null);
-        if (!is_null) {
-            value = DatumGetInt64(datum);
-        }
-    }
-    *found = !is_null;
-    return value;
+    const std::optional<Datum> value = only_value();
+    *found = value.has_value();
+    return value.has_value() ? DatumGetInt64(*value) : 0;
 }
 
 // Whether the anchor's shard on this node is the one throttle.distribute()
@@ -82,14 +88,8 @@ bool first_placement(int64 shard_id, int64 group_id, Oid relid) {
     if (SPI_execute_with_args(sql, 3, argtypes, args, nullptr, true, 1) != SPI_OK_SELECT) {
         elog(ERROR, "could not read the first placement of shard " INT64_FORMAT, shard_id);
     }
-    bool is_null = true;
-    bool first = false;
-    if (SPI_processed == 1) {
-        const Datum datum =
-            SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null);
-        first = !is_null && DatumGetBool(datum);
-    }
-    return first;
+    const std::optional<Datum> first = only_value();
+    return first.has_value() && DatumGetBool(*first);
 }
 
 // The OID of the anchor's shard relation on this node: a new one each time

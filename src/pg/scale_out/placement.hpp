@@ -29,7 +29,7 @@ namespace pg_throttle::pg {
 void placement_enter(EntryKind kind, const char* name, size_t len);
 
 // Whether the last placement_enter of this backend found the database
-// distributed (a session lock taken through the coordinator is refused).
+// distributed (a session lock is then refused).
 bool placement_distributed();
 
 // When the shard of `key` moved to this node (kNeverMoved if it never did,
