@@ -8,6 +8,7 @@
 #include "pg/bucket.hpp"
 #include "pg/arguments.hpp"
 #include "pg/clock.hpp"
+#include "pg/scale_out/placement.hpp"
 #include "pg/wait_events.hpp"
 
 #include "pg/boundary.hpp"
@@ -57,6 +58,9 @@ bool wait_for(const BucketRequest& request, core::Micros max_wait) {
         return false;  // the wait would exceed the timeout: nothing reserved
     }
     if (decision.retry_after > 0) {
+        // The units were taken when reserved: on a Citus cluster the sleep
+        // need not keep a move of the key's shard waiting.
+        placement_pause();
         sleep_or_give_back(request, decision.tat, decision.retry_after, event);
     }
     return true;

@@ -244,6 +244,10 @@ def run(tap, cluster):
     shard, source = shard_and_port(coord, key)
     target = next(w.port for w in cluster.workers if w.port != source)
     move(coord, shard, source, target, "block_writes")
+    # Microseconds since 2000-01-01, as PostgreSQL counts them (the arrival
+    # is noted by the first call below).
+    arrival = q(coord, "SELECT ((extract(epoch FROM clock_timestamp()) - 946684800)"
+                       " * 1000000)::bigint")[0][0]
     for attempt in ("first", "second"):
         tap.is_(q(coord, "SELECT throttle.acquire(%s, '1 second')", (key,))[0][0], False,
                 f"after the move, acquire is denied ({attempt} call): granted at the arrival")
@@ -261,11 +265,89 @@ def run(tap, cluster):
     tap.ok(new_token is not None and new_token > token,
            "pg_throttle.max_lease after the arrival the lease is granted, with a token above "
            "the old node's", f"{token} -> {new_token}")
+    tap.ok(new_token is not None and new_token >= arrival + MAX_LEASE_S * 1000000,
+           "its token starts at the end of the move rule (arrival + max_lease in microseconds), "
+           "clear of the old node's counter however near its clock that ran",
+           f"{new_token} < {arrival} + {MAX_LEASE_S} s")
     tap.is_(q(coord, "SELECT throttle.acquire(%s, '1 second')", (key,))[0][0], True,
             "and a short interval is granted again")
 
+    # A move waits for a call in progress on the old node (forced here with a
+    # transaction held open on the worker that holds the key), and once it
+    # has committed the old node refuses the key.
+    key = "held"
+    shard, source = shard_and_port(coord, key)
+    target = next(w.port for w in cluster.workers if w.port != source)
+    held = cluster.worker_of_port(source).connect()
+    q(held, "BEGIN")
+    q(held, "SELECT throttle.acquire(%s, '1 hour')", (key,))
+
+    def move_in_background():
+        conn = cluster.coordinator.connect()
+        move(conn, shard, source, target, "block_writes")
+        conn.close()
+
+    mover = threading.Thread(target=move_in_background)
+    mover.start()
+    time.sleep(1.5)
+    tap.ok(mover.is_alive(), "a move waits for a call whose transaction is still open on the "
+                             "old node")
+    q(held, "COMMIT")
+    mover.join(30)
+    tap.ok(not mover.is_alive() and shard_and_port(coord, key)[1] == target,
+           "and completes once that transaction ends")
+    q(held, "BEGIN")
+    code = code_of(held, "SELECT throttle.acquire(%s, '1 hour')", (key,))
+    q(held, "ROLLBACK")
+    tap.is_(code, "55000", "after the move the old node refuses the key (55000)")
+    held.close()
+
+    # A call sleeping in wait or in a lock's queue does not hold a move back
+    # (nor, behind that move, every call of the shard); a lock waiter woken
+    # after the move is told its key moved rather than handed the lock.
+    key = "sleepers"
+    q(coord, "SELECT throttle.take(%s, 1, '8 seconds', 1)", (key,))
+    tap.ok(q(coord, "SELECT throttle.lock(%s, ttl => '5 seconds')", (key,))[0][0] is not None,
+           "a lease is held, for a waiter to queue behind")
+    outcomes = {}
+
+    def sleeper(name, sql):
+        conn = cluster.coordinator.connect()
+        started = time.time()
+        try:
+            outcomes[name] = (q(conn, sql, (key,))[0][0], time.time() - started)
+        except psycopg2.Error as e:
+            outcomes[name] = (e.pgcode, time.time() - started)
+        conn.close()
+
+    threads = [threading.Thread(target=sleeper, args=(
+                   "wait", "SELECT throttle.wait(%s, 1, '8 seconds', 1)")),
+               threading.Thread(target=sleeper, args=(
+                   "lock", "SELECT throttle.lock(%s, ttl => '5 seconds', wait => '20 seconds')"))]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    shard, source = shard_and_port(coord, key)
+    target = next(w.port for w in cluster.workers if w.port != source)
+    started = time.time()
+    move(coord, shard, source, target, "block_writes")
+    took = time.time() - started
+    tap.ok(took < 4.0, f"a move does not wait for calls sleeping in wait or a lock's queue "
+                       f"({took:.1f} s)")
+    for t in threads:
+        t.join()
+    tap.is_(outcomes["wait"][0], True, "the wait that reserved before the move passes")
+    tap.is_(outcomes["lock"][0], "55000",
+            "the lock waiter, woken when the old lease lapses after the move, is told the key "
+            "moved (55000) instead of being handed the lock on the old node")
+    tap.is_(q(coord, "SELECT throttle.lock(%s, ttl => '1 second')", (key,))[0][0], None,
+            "and the new node does not give the lease either")
+
     # Back to a node whose memory still has the key from before: that entry is stale.
-    key = "back"
+    # (A key of a shard no earlier step moved: those keys are under the rule.)
+    moved = {shard_and_port(coord, k)[0] for k in ("moving", "rule", "held", "sleepers")}
+    key = next(k for k in (f"back-{i}" for i in range(100))
+               if shard_and_port(coord, k)[0] not in moved)
     shard, first = shard_and_port(coord, key)
     second = next(w.port for w in cluster.workers if w.port != first)
     tap.is_(q(coord, "SELECT throttle.acquire(%s, '3 seconds')", (key,))[0][0], True,
@@ -290,7 +372,7 @@ def main():
     if missing:
         print(f"1..0 # SKIP {missing}", flush=True)
         return
-    tap = Tap(48)
+    tap = Tap(57)
     cluster = CitusCluster(int(os.environ.get("PGPORT", "5432")) + 60)
     try:
         cluster.start()

@@ -101,3 +101,6 @@ class CitusCluster:
             except subprocess.CalledProcessError:
                 pass
         shutil.rmtree(self.directory, ignore_errors=True)
+
+    def worker_of_port(self, port):
+        return next(w for w in self.workers if w.port == port)

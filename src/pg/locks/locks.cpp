@@ -7,6 +7,7 @@
 #include "pg/durability/fence.hpp"
 #include "pg/durability/sync_standbys.hpp"
 #include "pg/locks/lock_waiters.hpp"
+#include "pg/scale_out/placement.hpp"
 #include "pg/wait_events.hpp"
 
 extern "C" {
@@ -278,6 +279,9 @@ WaitCheck wait_in_queue(const RegistryKey& key, core::Micros wait_us, uint32 eve
     PG_TRY();
     {
         for (;;) {
+            // On a Citus cluster a hand-over is decided only while the key's
+            // shard is here, and the sleep holds no move back.
+            placement_resume();
             fence_reserve_ahead();
             WaitCheck check{now_for(key), real_now() >= deadline, 0, 0, 0, 0, false};
             registry_update_existing(key, wait_check, &check);
@@ -289,6 +293,7 @@ WaitCheck wait_in_queue(const RegistryKey& key, core::Micros wait_us, uint32 eve
                 result = check;
                 break;
             }
+            placement_pause();
             (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
                             sleep_ms(deadline, real_now(), check.now, check.lapses_at), event);
             ResetLatch(MyLatch);

@@ -12,15 +12,35 @@ namespace {
 constexpr const char* kSchema = "throttle";
 constexpr const char* kAnchor = "key_shard";
 
-// Citus's lock class for a shard's metadata (its resource_lock.h): a move
-// takes it in ExclusiveLock on every node before it switches the placement.
-constexpr uint16 kCitusShardMetadataLockClass = 4;
+// Citus's lock class for the metadata of a hash-distributed table's shard
+// (ADV_LOCKTAG_CLASS_CITUS_COLOCATED_SHARDS_METADATA in its resource_lock.h):
+// the lock is named by the colocation group and the shard's index among the
+// table's shards, and a move takes it in ExclusiveLock on every node before
+// it switches the placement.
+constexpr uint16 kCitusColocatedShardsMetadataLockClass = 8;
 
+// The key's shard, with what names its metadata lock: the shard's index in
+// the table's shards sorted by their hash ranges, and the colocation group.
 KeptPlan shard_query{
-    "SELECT pg_catalog.get_shard_id_for_distribution_column('throttle.key_shard'::regclass, $1)",
+    "SELECT s.shardid,"
+    " (SELECT pg_catalog.count(*) FROM pg_catalog.pg_dist_shard o, pg_catalog.pg_dist_shard m"
+    "   WHERE m.shardid OPERATOR(pg_catalog.=) s.shardid"
+    "     AND o.logicalrelid OPERATOR(pg_catalog.=) m.logicalrelid"
+    "     AND o.shardminvalue::pg_catalog.int4 OPERATOR(pg_catalog.<)"
+    "         m.shardminvalue::pg_catalog.int4),"
+    " (SELECT p.colocationid::pg_catalog.int8 FROM pg_catalog.pg_dist_partition p"
+    "   WHERE p.logicalrelid OPERATOR(pg_catalog.=) 'throttle.key_shard'::pg_catalog.regclass)"
+    " FROM (SELECT pg_catalog.get_shard_id_for_distribution_column("
+    "   'throttle.key_shard'::pg_catalog.regclass, $1) AS shardid) s",
     1,
     {TEXTOID},
     nullptr};
+
+struct KeyShard {
+    int64 shard_id;
+    int64 index;
+    int64 colocation_id;
+};
 
 KeptPlan placement_query{
     "SELECT p.groupid::bigint FROM pg_catalog.pg_dist_placement p"
@@ -34,25 +54,29 @@ KeptPlan placement_query{
 struct LastPlacement {
     Oid dbid;
     bool distributed;
+    bool locked;  // this call holds the shard metadata lock (placement_pause)
+    KeyShard shard;
+    Oid relid;  // the shard's relation here when the call began
     uint8 name_len;
     char name[core::kMaxNameBytes];
     core::Micros moved_in_at;
 };
-LastPlacement last{InvalidOid, false, 0, {}, kNeverMoved};
+LastPlacement last{InvalidOid, false, false, {}, InvalidOid, 0, {}, kNeverMoved};
 
 bool database_distributed() {
     const Oid schema = get_namespace_oid(kSchema, true);
     return OidIsValid(schema) && OidIsValid(get_relname_relid(kAnchor, schema));
 }
 
-// The first column of the row the last SPI query found, unless it found
-// none or the value is NULL.
-std::optional<Datum> only_value() {
+// Column `column` of the row the last SPI query found, unless it found none
+// or the value is NULL.
+std::optional<Datum> only_value(int column = 1) {
     if (SPI_processed != 1) {
         return std::nullopt;
     }
     bool is_null = true;
-    const Datum value = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null);
+    const Datum value =
+        SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, column, &is_null);
     if (is_null) {
         return std::nullopt;
     }
@@ -105,12 +129,55 @@ Oid local_shard_relation(int64 shard_id) {
     return relid;
 }
 
-void lock_shard_metadata(int64 shard_id) {
+// The shard of `name`. Inside SPI_connect.
+KeyShard key_shard_of(const char* name, size_t len) {
+    text* key = cstring_to_text_with_len(name, static_cast<int>(len));
+    Datum args[1] = {PointerGetDatum(key)};
+    run_kept_plan(&shard_query, args, nullptr, SPI_OK_SELECT, 1);
+    const std::optional<Datum> shard_id = only_value(1);
+    const std::optional<Datum> index = only_value(2);
+    const std::optional<Datum> colocation_id = only_value(3);
+    if (!shard_id.has_value() || !index.has_value() || !colocation_id.has_value()) {
+        elog(ERROR, "Citus found no shard of throttle.key_shard for a key");
+    }
+    return KeyShard{DatumGetInt64(*shard_id), DatumGetInt64(*index), DatumGetInt64(*colocation_id)};
+}
+
+// The tag Citus names the shard's metadata lock with (SET_LOCKTAG_COLOCATED_
+// SHARDS_METADATA_RESOURCE).
+LOCKTAG shard_metadata_tag(const KeyShard& shard) {
     LOCKTAG tag;
-    SET_LOCKTAG_ADVISORY(tag, MyDatabaseId,
-                         static_cast<uint32>(static_cast<uint64>(shard_id) >> 32),
-                         static_cast<uint32>(shard_id), kCitusShardMetadataLockClass);
+    SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, static_cast<uint32>(shard.index),
+                         static_cast<uint32>(shard.colocation_id),
+                         kCitusColocatedShardsMetadataLockClass);
+    return tag;
+}
+
+void lock_shard_metadata(const KeyShard& shard) {
+    const LOCKTAG tag = shard_metadata_tag(shard);
     (void)LockAcquire(&tag, ShareLock, false, false);
+}
+
+// This node's group when it holds `shard_id`, read in the latest snapshot.
+// Inside SPI_connect.
+std::optional<int64> local_group_of(int64 shard_id) {
+    bool found = false;
+    const int64 group_id = single_int8(&placement_query, Int64GetDatum(shard_id), true, &found);
+    return found ? std::optional<int64>(group_id) : std::nullopt;
+}
+
+[[noreturn]] void raise_not_placed(const char* name, size_t len, int64 shard_id) {
+    ereport(
+        ERROR,
+        (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+         errmsg("pg_throttle key \"%.*s\" is not placed on this node", static_cast<int>(len), name),
+         errdetail("Its shard " INT64_FORMAT " of throttle.key_shard is on another node, "
+                   "or has just moved.",
+                   shard_id),
+         errhint("Call the function on its own in a statement, outside a transaction "
+                 "block, so that Citus runs it on the node that holds the key; retry a "
+                 "call that raced a shard move.")));
+    pg_unreachable();
 }
 
 }  // namespace
@@ -131,39 +198,29 @@ void placement_enter(EntryKind kind, const char* name, size_t len) {
     if (SPI_connect() != SPI_OK_CONNECT) {
         elog(ERROR, "SPI_connect failed");
     }
-    text* key = cstring_to_text_with_len(name, static_cast<int>(len));
-    bool found = false;
-    const int64 shard_id = single_int8(&shard_query, PointerGetDatum(key), false, &found);
-    if (!found) {
-        elog(ERROR, "Citus found no shard of throttle.key_shard for a key");
-    }
+    const KeyShard shard = key_shard_of(name, len);
+    const int64 shard_id = shard.shard_id;
     // A move of this shard waits for this call's transaction, and once the
     // move holds the lock, this waits and then reads the new placement.
-    lock_shard_metadata(shard_id);
-    const int64 group_id = single_int8(&placement_query, Int64GetDatum(shard_id), true, &found);
-    if (!found) {
+    lock_shard_metadata(shard);
+    const std::optional<int64> group_id = local_group_of(shard_id);
+    if (!group_id.has_value()) {
         SPI_finish();
-        ereport(ERROR,
-                (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-                 errmsg("pg_throttle key \"%.*s\" is not placed on this node",
-                        static_cast<int>(len), name),
-                 errdetail("Its shard " INT64_FORMAT " of throttle.key_shard is on another node, "
-                           "or has just moved.",
-                           shard_id),
-                 errhint("Call the function on its own in a statement, outside a transaction "
-                         "block, so that Citus runs it on the node that holds the key; retry a "
-                         "call that raced a shard move.")));
+        raise_not_placed(name, len, shard_id);
     }
     const Oid relid = local_shard_relation(shard_id);
     std::optional<core::Micros> moved_in_at = arrival_of(shard_id, relid);
     if (!moved_in_at.has_value()) {
-        const bool first = first_placement(shard_id, group_id, relid);
+        const bool first = first_placement(shard_id, *group_id, relid);
         core::Micros arrived_at = kNeverMoved;
         if (!first) {
-            // Fence tokens continue above every token the old node handed
-            // out before the move (its counter stays below its clock).
+            // No moved lock name is granted here before arrived_at +
+            // pg_throttle.max_lease (the move rule), so tokens start there:
+            // above every token the old node handed out, which stays near
+            // its clock (a crash skips at most a durable block, about a
+            // second), with the nodes' clocks in step.
             arrived_at = GetCurrentTimestamp();
-            fence_raise_to(arrived_at);
+            fence_raise_to(core::saturating_add(arrived_at, registry_max_lease()));
             if (!RecoveryInProgress()) {
                 fence_reserve_ahead();
             }
@@ -173,9 +230,38 @@ void placement_enter(EntryKind kind, const char* name, size_t len) {
     SPI_finish();
     last.dbid = MyDatabaseId;
     last.distributed = true;
+    last.locked = true;
+    last.shard = shard;
+    last.relid = relid;
     last.name_len = static_cast<uint8>(len);
     memcpy(last.name, name, len);
     last.moved_in_at = *moved_in_at;
+}
+
+void placement_pause() {
+    if (!placement_distributed() || !last.locked) {
+        return;
+    }
+    const LOCKTAG tag = shard_metadata_tag(last.shard);
+    (void)LockRelease(&tag, ShareLock, false);
+    last.locked = false;
+}
+
+void placement_resume() {
+    if (!placement_distributed() || last.locked) {
+        return;
+    }
+    lock_shard_metadata(last.shard);
+    last.locked = true;
+    if (SPI_connect() != SPI_OK_CONNECT) {
+        elog(ERROR, "SPI_connect failed");
+    }
+    const bool here = local_group_of(last.shard.shard_id).has_value();
+    SPI_finish();
+    // Moved away, or away and back: what this call waited for is gone.
+    if (!here || local_shard_relation(last.shard.shard_id) != last.relid) {
+        raise_not_placed(last.name, last.name_len, last.shard.shard_id);
+    }
 }
 
 bool placement_distributed() {

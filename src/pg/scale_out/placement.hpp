@@ -25,8 +25,18 @@ namespace pg_throttle::pg {
 // a database throttle.distribute() has not touched. Raises 55000 when the
 // shard is on another node (a call Citus did not delegate, or one that lost
 // a race with a shard move: a retry through the coordinator finds the new
-// node). Holds Citus's shard metadata lock until the transaction ends.
+// node). Holds Citus's shard metadata lock until the transaction ends
+// (placement_pause releases it early for a sleep).
 void placement_enter(EntryKind kind, const char* name, size_t len);
+
+// For a call about to sleep (throttle.wait, a lock waiter): releases the
+// shard metadata lock placement_enter took, so that a move of the shard need
+// not wait for the sleep, nor every call of the shard queue behind that move.
+// placement_resume takes it again and raises 55000 when the shard has left
+// this node meanwhile (also when it left and came back). No-ops when the
+// database is not distributed.
+void placement_pause();
+void placement_resume();
 
 // Whether the last placement_enter of this backend found the database
 // distributed (a session lock is then refused).
