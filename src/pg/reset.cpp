@@ -40,13 +40,10 @@ Datum reset(FunctionCallInfo fcinfo) {
         }
     }
     // On a Citus cluster the name's resource, bucket and lock live on the node
-    // that holds its shard (scale_out/placement.hpp).
-    for (size_t i = 0; i < key_count; i++) {
-        const auto kind = static_cast<EntryKind>(keys[i].kind);
-        if (placement_kind_distributed(kind)) {
-            placement_enter(kind, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name));
-            break;
-        }
+    // that holds its shard (scale_out/placement.hpp); a queue's buckets do not.
+    if (key_count > 0 && placement_kind_distributed(static_cast<EntryKind>(keys[0].kind))) {
+        placement_enter(static_cast<EntryKind>(keys[0].kind), VARDATA_ANY(name),
+                        VARSIZE_ANY_EXHDR(name));
     }
     if (key_count == 0) {
         ereport(ERROR,

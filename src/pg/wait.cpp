@@ -58,10 +58,13 @@ bool wait_for(const BucketRequest& request, core::Micros max_wait) {
         return false;  // the wait would exceed the timeout: nothing reserved
     }
     if (decision.retry_after > 0) {
-        // The units were taken when reserved: on a Citus cluster the sleep
-        // need not keep a move of the key's shard waiting.
+        // On a Citus cluster the sleep holds no move of the key's shard back;
+        // a wait whose shard moved meanwhile does not pass (55000): its
+        // units were reserved on the old node, which the new one does not
+        // know of (it counts the bucket as emptied at the arrival).
         placement_pause();
         sleep_or_give_back(request, decision.tat, decision.retry_after, event);
+        placement_resume();
     }
     return true;
 }

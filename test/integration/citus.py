@@ -43,6 +43,13 @@ def shard_and_port(coord, key):
                     "'throttle.key_shard', %s)", (key,))[0]
 
 
+def unmoved_key(coord, prefix, moved_keys):
+    """A key of a shard none of `moved_keys`'s shards (keys under the move rule)."""
+    moved = {shard_and_port(coord, k)[0] for k in moved_keys}
+    return next(k for k in (f"{prefix}-{i}" for i in range(100))
+                if shard_and_port(coord, k)[0] not in moved)
+
+
 def holders(cluster, kind, key):
     """The nodes whose registry has an entry of `kind` for `key`."""
     found = []
@@ -303,8 +310,9 @@ def run(tap, cluster):
     held.close()
 
     # A call sleeping in wait or in a lock's queue does not hold a move back
-    # (nor, behind that move, every call of the shard); a lock waiter woken
-    # after the move is told its key moved rather than handed the lock.
+    # (nor, behind that move, every call of the shard); woken after the move,
+    # each is told its key moved rather than passed or handed the lock on the
+    # old node.
     key = "sleepers"
     q(coord, "SELECT throttle.take(%s, 1, '8 seconds', 1)", (key,))
     tap.ok(q(coord, "SELECT throttle.lock(%s, ttl => '5 seconds')", (key,))[0][0] is not None,
@@ -336,7 +344,10 @@ def run(tap, cluster):
                        f"({took:.1f} s)")
     for t in threads:
         t.join()
-    tap.is_(outcomes["wait"][0], True, "the wait that reserved before the move passes")
+    tap.is_(outcomes["wait"][0], "55000",
+            "a wait that reserved on the old node does not pass once its shard has moved "
+            "(55000): the new node counts the bucket as emptied at the arrival and knows "
+            "nothing of the reservation")
     tap.is_(outcomes["lock"][0], "55000",
             "the lock waiter, woken when the old lease lapses after the move, is told the key "
             "moved (55000) instead of being handed the lock on the old node")
@@ -344,10 +355,7 @@ def run(tap, cluster):
             "and the new node does not give the lease either")
 
     # Back to a node whose memory still has the key from before: that entry is stale.
-    # (A key of a shard no earlier step moved: those keys are under the rule.)
-    moved = {shard_and_port(coord, k)[0] for k in ("moving", "rule", "held", "sleepers")}
-    key = next(k for k in (f"back-{i}" for i in range(100))
-               if shard_and_port(coord, k)[0] not in moved)
+    key = back_key = unmoved_key(coord, "back", ("moving", "rule", "held", "sleepers"))
     shard, first = shard_and_port(coord, key)
     second = next(w.port for w in cluster.workers if w.port != first)
     tap.is_(q(coord, "SELECT throttle.acquire(%s, '3 seconds')", (key,))[0][0], True,
@@ -363,6 +371,26 @@ def run(tap, cluster):
         tap.is_(q(coord, "SELECT throttle.acquire(%s, '3 seconds')", (key,))[0][0], False,
                 f"back on the first node, its old entry does not grant within the second node's "
                 f"interval ({attempt} call)")
+
+    # A split is a move of the keys into new shards (the lock that names a
+    # shard's metadata changes with the shards' order, too).
+    key = unmoved_key(coord, "split", ("moving", "rule", "held", "sleepers", back_key))
+    shard, port = shard_and_port(coord, key)
+    tap.is_(q(coord, "SELECT throttle.acquire(%s, '1 hour')", (key,))[0][0], True,
+            "a resource granted before its shard is split")
+    low, high = q(coord, "SELECT shardminvalue::int, shardmaxvalue::int FROM pg_dist_shard"
+                         " WHERE shardid = %s", (shard,))[0]
+    node = q(coord, "SELECT nodeid FROM pg_dist_node WHERE nodeport = %s", (port,))[0][0]
+    q(coord, "SELECT citus_split_shard_by_split_points(%s, ARRAY[%s], ARRAY[%s, %s],"
+             " shard_transfer_mode => 'block_writes')",
+      (shard, str(low + (high - low) // 2), node, node))
+    for attempt in ("first", "second"):
+        tap.is_(q(coord, "SELECT throttle.acquire(%s, '1 second')", (key,))[0][0], False,
+                f"after the split, the key counts as granted at its arrival in the new shard "
+                f"({attempt} call)")
+    time.sleep(1.1)
+    tap.is_(q(coord, "SELECT throttle.acquire(%s, '1 second')", (key,))[0][0], True,
+            "and is granted an interval later")
     coord.close()
     worker.close()
 
@@ -372,7 +400,7 @@ def main():
     if missing:
         print(f"1..0 # SKIP {missing}", flush=True)
         return
-    tap = Tap(57)
+    tap = Tap(61)
     cluster = CitusCluster(int(os.environ.get("PGPORT", "5432")) + 60)
     try:
         cluster.start()

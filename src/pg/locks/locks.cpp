@@ -302,6 +302,9 @@ WaitCheck wait_in_queue(const RegistryKey& key, core::Micros wait_us, uint32 eve
     }
     PG_CATCH();
     {
+        // On a Citus cluster this may run while the shard metadata lock is
+        // let go (placement_pause): a hand-over it makes goes to a waiter
+        // that checks the placement again before it takes the lock.
         core::Micros now = now_for(key);
         registry_update_existing(key, abandon_wait, &now);
         PG_RE_THROW();

@@ -83,19 +83,6 @@ std::optional<Datum> only_value(int column = 1) {
     return value;
 }
 
-// The one bigint `query` answers for `arg` (latest: in the latest snapshot).
-int64 single_int8(KeptPlan* query, Datum arg, bool latest, bool* found) {
-    Datum args[1] = {arg};
-    if (latest) {
-        run_kept_plan_latest(query, args, nullptr, SPI_OK_SELECT, 1);
-    } else {
-        run_kept_plan(query, args, nullptr, SPI_OK_SELECT, 1);
-    }
-    const std::optional<Datum> value = only_value();
-    *found = value.has_value();
-    return value.has_value() ? DatumGetInt64(*value) : 0;
-}
-
 // Whether the anchor's shard on this node is the one throttle.distribute()
 // made: the node (group) and the relation it recorded as the shard's first.
 // A move makes a new relation, also when the shard comes back to a node it
@@ -129,11 +116,11 @@ Oid local_shard_relation(int64 shard_id) {
     return relid;
 }
 
-// The shard of `name`. Inside SPI_connect.
+// The shard of `name`, in the latest snapshot. Inside SPI_connect.
 KeyShard key_shard_of(const char* name, size_t len) {
     text* key = cstring_to_text_with_len(name, static_cast<int>(len));
     Datum args[1] = {PointerGetDatum(key)};
-    run_kept_plan(&shard_query, args, nullptr, SPI_OK_SELECT, 1);
+    run_kept_plan_latest(&shard_query, args, nullptr, SPI_OK_SELECT, 1);
     const std::optional<Datum> shard_id = only_value(1);
     const std::optional<Datum> index = only_value(2);
     const std::optional<Datum> colocation_id = only_value(3);
@@ -158,12 +145,45 @@ void lock_shard_metadata(const KeyShard& shard) {
     (void)LockAcquire(&tag, ShareLock, false, false);
 }
 
+void unlock_shard_metadata(const KeyShard& shard) {
+    const LOCKTAG tag = shard_metadata_tag(shard);
+    (void)LockRelease(&tag, ShareLock, false);
+}
+
+bool same_shard(const KeyShard& a, const KeyShard& b) {
+    return a.shard_id == b.shard_id && a.index == b.index && a.colocation_id == b.colocation_id;
+}
+
+// Locks the metadata of the shard of `name` and returns it. A split that
+// committed between the look-up and the lock changes the shard (or the index
+// that names its lock): looked up again under the lock until it holds still.
+// Inside SPI_connect.
+KeyShard lock_key_shard(const char* name, size_t len) {
+    KeyShard shard = key_shard_of(name, len);
+    for (int attempt = 0;; attempt++) {
+        lock_shard_metadata(shard);
+        AcceptInvalidationMessages();  // Citus's cache of shards, as of the lock
+        const KeyShard locked = key_shard_of(name, len);
+        if (same_shard(locked, shard)) {
+            return shard;
+        }
+        unlock_shard_metadata(shard);
+        if (attempt == 3) {
+            ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+                            errmsg("the shards of throttle.key_shard kept changing"),
+                            errhint("Retry the call.")));
+        }
+        shard = locked;
+    }
+}
+
 // This node's group when it holds `shard_id`, read in the latest snapshot.
 // Inside SPI_connect.
 std::optional<int64> local_group_of(int64 shard_id) {
-    bool found = false;
-    const int64 group_id = single_int8(&placement_query, Int64GetDatum(shard_id), true, &found);
-    return found ? std::optional<int64>(group_id) : std::nullopt;
+    Datum args[1] = {Int64GetDatum(shard_id)};
+    run_kept_plan_latest(&placement_query, args, nullptr, SPI_OK_SELECT, 1);
+    const std::optional<Datum> group_id = only_value();
+    return group_id.has_value() ? std::optional<int64>(DatumGetInt64(*group_id)) : std::nullopt;
 }
 
 [[noreturn]] void raise_not_placed(const char* name, size_t len, int64 shard_id) {
@@ -198,11 +218,10 @@ void placement_enter(EntryKind kind, const char* name, size_t len) {
     if (SPI_connect() != SPI_OK_CONNECT) {
         elog(ERROR, "SPI_connect failed");
     }
-    const KeyShard shard = key_shard_of(name, len);
-    const int64 shard_id = shard.shard_id;
     // A move of this shard waits for this call's transaction, and once the
     // move holds the lock, this waits and then reads the new placement.
-    lock_shard_metadata(shard);
+    const KeyShard shard = lock_key_shard(name, len);
+    const int64 shard_id = shard.shard_id;
     const std::optional<int64> group_id = local_group_of(shard_id);
     if (!group_id.has_value()) {
         SPI_finish();
@@ -242,8 +261,7 @@ void placement_pause() {
     if (!placement_distributed() || !last.locked) {
         return;
     }
-    const LOCKTAG tag = shard_metadata_tag(last.shard);
-    (void)LockRelease(&tag, ShareLock, false);
+    unlock_shard_metadata(last.shard);
     last.locked = false;
 }
 
