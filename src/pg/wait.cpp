@@ -34,11 +34,20 @@ void sleep_for(core::Micros wait_us, uint32 event) {
     }
 }
 
-// Only trivially destructible objects live here: PG_TRY is a sigsetjmp.
+// Only trivially destructible objects live here: PG_TRY is a sigsetjmp. On a
+// Citus cluster the sleep holds no move of the key's shard back, and a wait
+// whose shard moved meanwhile does not pass (55000): its units were reserved
+// on the old node, which the new one does not know of (it counts the bucket
+// as emptied at the arrival). Waiting to take the shard's lock again is part
+// of the sleep: a cancel there gives the reservation back too.
 void sleep_or_give_back(const BucketRequest& request, core::Micros reserved_tat,
                         core::Micros wait_us, uint32 event) {
+    placement_pause();
     PG_TRY();
-    { sleep_for(wait_us, event); }
+    {
+        sleep_for(wait_us, event);
+        placement_resume();
+    }
     PG_CATCH();
     {
         bucket_give_back(request, reserved_tat);
@@ -58,13 +67,7 @@ bool wait_for(const BucketRequest& request, core::Micros max_wait) {
         return false;  // the wait would exceed the timeout: nothing reserved
     }
     if (decision.retry_after > 0) {
-        // On a Citus cluster the sleep holds no move of the key's shard back;
-        // a wait whose shard moved meanwhile does not pass (55000): its
-        // units were reserved on the old node, which the new one does not
-        // know of (it counts the bucket as emptied at the arrival).
-        placement_pause();
         sleep_or_give_back(request, decision.tat, decision.retry_after, event);
-        placement_resume();
     }
     return true;
 }

@@ -269,16 +269,21 @@ void placement_resume() {
     if (!placement_distributed() || last.locked) {
         return;
     }
-    lock_shard_metadata(last.shard);
-    last.locked = true;
     if (SPI_connect() != SPI_OK_CONNECT) {
         elog(ERROR, "SPI_connect failed");
     }
-    const bool here = local_group_of(last.shard.shard_id).has_value();
+    // Looked up again as placement_enter does (a split during the sleep may
+    // have renamed the shard's lock), with the invalidations of the sleep
+    // accepted, so that the relation below is this node's relation now.
+    const int64 shard_before = last.shard.shard_id;
+    last.shard = lock_key_shard(last.name, last.name_len);
+    last.locked = true;
+    const bool here =
+        last.shard.shard_id == shard_before && local_group_of(last.shard.shard_id).has_value();
     SPI_finish();
-    // Moved away, or away and back: what this call waited for is gone.
+    // Split, moved away, or away and back: what this call waited for is gone.
     if (!here || local_shard_relation(last.shard.shard_id) != last.relid) {
-        raise_not_placed(last.name, last.name_len, last.shard.shard_id);
+        raise_not_placed(last.name, last.name_len, shard_before);
     }
 }
 
