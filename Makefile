@@ -97,6 +97,11 @@ bench:
 bench-bound:
 	bash bench/run.sh --only queue-bound
 
+# pg_throttle spread over a three-node Citus cluster, when Citus is installed (bench/citus.py).
+.PHONY: bench-citus
+bench-citus:
+	/usr/bin/python3 bench/citus.py
+
 # The hot paths against SELECT 1 on PostgreSQL 15, 17 and 18 (bench/versions.sh).
 bench-versions:
 	bash bench/versions.sh

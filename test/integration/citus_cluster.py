@@ -24,8 +24,9 @@ def citus_missing():
 
 
 class Node:
-    def __init__(self, directory, name, port):
+    def __init__(self, directory, name, port, extra_conf=""):
         self.name = name
+        self.extra_conf = extra_conf
         self.port = port
         self.directory = os.path.join(directory, name)
         self.data = os.path.join(self.directory, "data")
@@ -47,6 +48,7 @@ wal_level = logical
 max_connections = 100
 fsync = off
 citus.shard_replication_factor = 1
+{self.extra_conf}
 """)
         self.ctl("start")
 
@@ -70,11 +72,12 @@ citus.shard_replication_factor = 1
 class CitusCluster:
     """A coordinator and two workers; stop() removes everything."""
 
-    def __init__(self, base_port):
+    def __init__(self, base_port, extra_conf=""):
+        """extra_conf: postgresql.conf lines for every node, after (so over) the suite's."""
         self.directory = tempfile.mkdtemp(prefix="pg_throttle_citus.")
         os.chmod(self.directory, 0o755)
-        self.coordinator = Node(self.directory, "coordinator", base_port)
-        self.workers = [Node(self.directory, f"worker{i}", base_port + i) for i in (1, 2)]
+        self.coordinator = Node(self.directory, "coordinator", base_port, extra_conf)
+        self.workers = [Node(self.directory, f"worker{i}", base_port + i, extra_conf) for i in (1, 2)]
         self.nodes = [self.coordinator, *self.workers]
 
     def start(self):
