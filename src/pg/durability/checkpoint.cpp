@@ -20,7 +20,11 @@ namespace pg_throttle::pg {
 namespace {
 
 constexpr const char* kCheckpointFile = "pg_throttle.checkpoint";
-constexpr const char* kCheckpointTemp = "pg_throttle.checkpoint.tmp";
+// Each writer (the background worker, a session calling throttle.checkpoint)
+// writes a temporary file of its own, named by its process id, so that two
+// writers never write into, or rename, each other's copy.
+constexpr const char* kCheckpointTempPrefix = "pg_throttle.checkpoint.";
+constexpr const char* kCheckpointTempSuffix = ".tmp";
 constexpr const char* kTrancheName = "pg_throttle checkpoint";
 
 int interval_seconds = 10;
@@ -67,6 +71,10 @@ bool remove_file_durably() {
     }
     fsync_fname(".", true);
     return true;
+}
+
+void temp_path(char* path, size_t size) {
+    snprintf(path, size, "%s%d%s", kCheckpointTempPrefix, MyProcPid, kCheckpointTempSuffix);
 }
 
 void report_remove_failure(int elevel) {
@@ -142,7 +150,9 @@ int64 checkpoint_write(bool only_if_changed) {
     const TimestampTz scan_started = GetCurrentTimestamp();
     registry_scan_all(now, collect_resource, &buffer);
     const TimestampTz copied = GetCurrentTimestamp();
-    const bool written = checkpoint_file_write(kCheckpointTemp, buffer, now);
+    char temp[MAXPGPATH];
+    temp_path(temp, sizeof temp);
+    const bool written = checkpoint_file_write(temp, buffer, now);
     ereport(DEBUG1, (errmsg("pg_throttle checkpoint: %lld resources copied in %.1f ms (under the "
                             "registry's shared locks), %zu bytes written in %.1f ms",
                             static_cast<long long>(buffer.count), (copied - scan_started) / 1000.0,
@@ -164,9 +174,9 @@ int64 checkpoint_write(bool only_if_changed) {
     }
     LWLockAcquire(file_lock, LW_EXCLUSIVE);
     if (__atomic_load_n(&shared->generation, __ATOMIC_ACQUIRE) == generation) {
-        (void)durable_rename(kCheckpointTemp, kCheckpointFile, LOG);
+        (void)durable_rename(temp, kCheckpointFile, LOG);
     } else {
-        unlink(kCheckpointTemp);  // invalidated while it was being written
+        unlink(temp);  // invalidated while it was being written
     }
     LWLockRelease(file_lock);
     return buffer.count;
@@ -204,6 +214,21 @@ int64 checkpoint_restore(core::Micros restart) {
                              static_cast<long long>(call.restored), timestamptz_to_str(taken_at))));
     }
     return call.restored;
+}
+
+void checkpoint_remove_temporary_files() {
+    DIR* dir = AllocateDir(".");
+    const size_t prefix = strlen(kCheckpointTempPrefix);
+    const size_t suffix = strlen(kCheckpointTempSuffix);
+    struct dirent* de = nullptr;
+    while ((de = ReadDir(dir, ".")) != nullptr) {
+        const size_t len = strlen(de->d_name);
+        if (len > prefix + suffix && strncmp(de->d_name, kCheckpointTempPrefix, prefix) == 0 &&
+            strcmp(de->d_name + len - suffix, kCheckpointTempSuffix) == 0) {
+            (void)unlink(de->d_name);  // a writer's, cut short by the crash or shutdown
+        }
+    }
+    FreeDir(dir);
 }
 
 void checkpoint_discard() {

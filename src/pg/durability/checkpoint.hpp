@@ -6,6 +6,10 @@
 // (taken at C <= K) shows granted with a window still open at R cannot have
 // been granted again in between: its window ran through K. Such resources
 // come back exactly; only the others fall under the crash rule (granted at R).
+// A resource still in the state an earlier crash rule gave it (born at R0,
+// nothing granted since) is written as such and comes back as such: each call
+// then decides on its own interval from R0, as before the crash, never on the
+// window the calls before the checkpoint happened to ask for.
 // A reset could break that reasoning, so throttle.reset (and a promotion)
 // first deletes the checkpoint. Buckets and leases gain nothing from a
 // checkpoint (a bucket may have been drained, a lease released and granted
@@ -45,6 +49,10 @@ void checkpoint_end_forget();
 // In the postmaster after a crash: puts back the checkpoint's resources whose
 // window is still open at `restart`. Returns how many.
 int64 checkpoint_restore(core::Micros restart);
+
+// In the postmaster at every start: removes the temporary files of writers
+// that a crash or a shutdown cut short.
+void checkpoint_remove_temporary_files();
 
 // In the postmaster at the start of a standby or a restore from backup: a
 // checkpoint copied with the base backup says nothing about the primary now.

@@ -28,7 +28,9 @@ struct Record {
     uint8 name_len;
     uint8 holder_len;
     uint8 clock;  // the key's EntryClock; 0 (real) in files of before it
-    uint8 reserved;
+    // kBornFlag: born under a crash rule and not granted since
+    // (RegistryEntry::born); 0 in files of before it.
+    uint8 flags;
     int32 holder_pid;
     Oid owner;  // 0 in files of before owners: counted against the database only
     int64 granted_at;
@@ -36,6 +38,8 @@ struct Record {
 };
 static_assert(std::is_trivially_copyable_v<Record>);
 static_assert(sizeof(Record) == 32);
+
+constexpr uint8 kBornFlag = 1;
 
 size_t record_size(size_t name_len, size_t holder_len) {
     return TYPEALIGN(8, sizeof(Record) + name_len + holder_len);
@@ -51,7 +55,7 @@ bool decode(const char* pos, const char* end, RegistryEntry* entry, size_t* size
     *size = record_size(record.name_len, record.holder_len);
     if (record.name_len == 0 || record.name_len > core::kMaxNameBytes ||
         record.holder_len > core::kMaxHolderBytes ||
-        record.clock > static_cast<uint8>(EntryClock::kTest) ||
+        record.clock > static_cast<uint8>(EntryClock::kTest) || (record.flags & ~kBornFlag) != 0 ||
         end - pos < static_cast<ptrdiff_t>(*size)) {
         return false;
     }
@@ -66,6 +70,7 @@ bool decode(const char* pos, const char* end, RegistryEntry* entry, size_t* size
     entry->owner = record.owner;
     entry->granted_at = record.granted_at;
     entry->expires_at = record.expires_at;
+    entry->born = (record.flags & kBornFlag) != 0;
     return true;
 }
 
@@ -92,7 +97,7 @@ void record_buffer_add(RecordBuffer* buffer, const RegistryEntry& entry) {
                         entry.key.name_len,
                         static_cast<uint8>(holder_len),
                         entry.key.clock,
-                        0,
+                        static_cast<uint8>(entry.born ? kBornFlag : 0),
                         entry.holder_pid,
                         entry.owner,
                         entry.granted_at,

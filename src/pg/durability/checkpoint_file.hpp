@@ -1,5 +1,6 @@
 // The checkpoint's file, pg_throttle.checkpoint: the resources in force as
-// compact records (database, name, holder, grant and end of the window), so
+// compact records (database, name, holder, grant and end of the window, and
+// whether the entry is still in the state a crash rule gave it), so
 // that copying them under the registry's locks touches little memory and
 // the file stays small. A header with a magic number, a format version, the
 // record count and size, the time taken; a CRC-32C of it all.
