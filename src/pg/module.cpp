@@ -13,6 +13,7 @@
 #include "pg/durability/fence.hpp"
 #include "pg/durability/persistence.hpp"
 #include "pg/pg_headers.hpp"
+#include "pg/standby.hpp"
 
 extern "C" {
 #include "tcop/utility.h"
@@ -89,6 +90,7 @@ void _PG_init(void) {
     pg_throttle::pg::registry_define_gucs();
     pg_throttle::pg::define_clock_guc();
     pg_throttle::pg::checkpoint_define_guc();
+    pg_throttle::pg::standby_define_guc();
     MarkGUCPrefixReserved("pg_throttle");
 
     pg_throttle::pg::wal_register();

@@ -3,25 +3,35 @@
 // The request is reserved at call time (the bucket's TAT moves at once, as
 // Go's rate.Limiter.ReserveN does), so waiters of one key pass in the order
 // they arrived; then the backend sleeps on its latch until the reserved time.
-// A wait that is cancelled (statement_timeout, pg_cancel_backend) gives its
-// reservation back when no later waiter has queued behind it.
+// A wait that is cancelled (statement_timeout, pg_cancel_backend) or ended
+// (pg_terminate_backend, its client gone) gives its reservation back when no
+// later waiter has queued behind it.
 #include "pg/bucket.hpp"
 #include "pg/arguments.hpp"
+#include "pg/client_connection.hpp"
 #include "pg/clock.hpp"
 #include "pg/scale_out/placement.hpp"
 #include "pg/wait_events.hpp"
 
 #include "pg/boundary.hpp"
 
+extern "C" {
+#include "storage/ipc.h"
+}
+
+#include <algorithm>
+
 namespace pg_throttle::pg {
 namespace {
 
 // Sleeps `wait_us` of real time. Whatever the extension's clock says (the
 // test clock stands still), the wait itself is measured on the real clock.
+// A client that leaves meanwhile ends the backend (raise_if_client_gone).
 void sleep_for(core::Micros wait_us, uint32 event) {
     const TimestampTz deadline = core::saturating_add(GetCurrentTimestamp(), wait_us);
     for (;;) {
         CHECK_FOR_INTERRUPTS();
+        raise_if_client_gone();
         const TimestampTz now = GetCurrentTimestamp();
         if (now >= deadline) {
             return;
@@ -29,9 +39,22 @@ void sleep_for(core::Micros wait_us, uint32 event) {
         // Rounded up, so the loop never wakes before the deadline more than once.
         const long timeout_ms = TimestampDifferenceMilliseconds(now, deadline);
         (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-                        timeout_ms > 0 ? timeout_ms : 1, event);
+                        std::clamp(timeout_ms, 1L, kClientCheckMs), event);
         ResetLatch(MyLatch);
     }
+}
+
+struct Reservation {
+    const BucketRequest* request;
+    core::Micros tat;
+};
+
+// On an error (a cancel, statement_timeout) and on FATAL (pg_terminate_backend,
+// a client gone), which ends the backend without unwinding to a PG_CATCH.
+void give_back(int /*code*/, Datum arg) {
+    const auto* reservation = reinterpret_cast<const Reservation*>(DatumGetPointer(arg));
+    LWLockReleaseAll();
+    bucket_give_back(*reservation->request, reservation->tat);
 }
 
 // Only trivially destructible objects live here: PG_TRY is a sigsetjmp. On a
@@ -42,18 +65,14 @@ void sleep_for(core::Micros wait_us, uint32 event) {
 // of the sleep: a cancel there gives the reservation back too.
 void sleep_or_give_back(const BucketRequest& request, core::Micros reserved_tat,
                         core::Micros wait_us, uint32 event) {
+    const Reservation reservation{&request, reserved_tat};
     placement_pause();
-    PG_TRY();
+    PG_ENSURE_ERROR_CLEANUP(give_back, PointerGetDatum(&reservation));
     {
         sleep_for(wait_us, event);
         placement_resume();
     }
-    PG_CATCH();
-    {
-        bucket_give_back(request, reserved_tat);
-        PG_RE_THROW();
-    }
-    PG_END_TRY();
+    PG_END_ENSURE_ERROR_CLEANUP(give_back, PointerGetDatum(&reservation));
 }
 
 // Reserves `request` and sleeps until it passes; false at once, with nothing

@@ -14,10 +14,13 @@ struct StateFileInfo {
     core::Micros taken_at;  // real clock
     // Since when resources and buckets fall under the crash rule (a crash
     // or a promotion before this clean shutdown), or 0: a clean restart
-    // must not forget it.
+    // must not forget it. kUnknownFromNextStart: written by a standby, which
+    // never knew the primary's grants; whoever starts from the file counts
+    // them as granted at its own start, as at a promotion.
     core::Micros resources_unknown_since;
     core::Micros buckets_unknown_since;
 };
+inline constexpr core::Micros kUnknownFromNextStart = core::kNever;
 
 // Writes `info.entries` entries, produced by `source` calling `emit` for
 // each, to `path` and fsyncs it. Returns false (logged at LOG) on failure,

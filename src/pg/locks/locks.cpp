@@ -3,6 +3,7 @@
 // lease_journal.hpp brings in src/core: before any PostgreSQL header.
 #include "pg/durability/lease_journal.hpp"
 
+#include "pg/client_connection.hpp"
 #include "pg/clock.hpp"
 #include "pg/durability/fence.hpp"
 #include "pg/durability/sync_standbys.hpp"
@@ -295,9 +296,13 @@ WaitCheck wait_in_queue(const RegistryKey& key, core::Micros wait_us, uint32 eve
             }
             placement_pause();
             (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-                            sleep_ms(deadline, real_now(), check.now, check.lapses_at), event);
+                            std::min(sleep_ms(deadline, real_now(), check.now, check.lapses_at),
+                                     kClientCheckMs),
+                            event);
             ResetLatch(MyLatch);
             CHECK_FOR_INTERRUPTS();
+            // A client that left is handed nothing (release_at_exit ends the wait).
+            raise_if_client_gone();
         }
     }
     PG_CATCH();
@@ -403,6 +408,17 @@ void release_after_error(const RegistryKey& key, int64 token) {
     }
 }
 
+struct GrantMade {
+    const RegistryKey* key;
+    int64 token;
+};
+
+void release_grant_made(int /*code*/, Datum arg) {
+    const auto* made = reinterpret_cast<const GrantMade*>(DatumGetPointer(arg));
+    LWLockReleaseAll();
+    release_after_error(*made->key, made->token);
+}
+
 // Makes a lease just granted durable before its token is returned: the
 // journal, fsynced, then WAL and the synchronous standbys. When it cannot
 // be made durable the lease is released and an error raised.
@@ -416,14 +432,12 @@ void make_grant_durable(const RegistryKey& key, int64 token, const LeaseRecord& 
                         errmsg("could not write the pg_throttle lease journal: %m"),
                         errdetail("The lease was not granted.")));
     }
-    PG_TRY();
+    // A cancel, or a FATAL (pg_terminate_backend) that skips every PG_CATCH,
+    // releases the lease nobody will be told of.
+    const GrantMade made{&key, token};
+    PG_ENSURE_ERROR_CLEANUP(release_grant_made, PointerGetDatum(&made));
     { wait_for_sync_standbys(lsn); }
-    PG_CATCH();
-    {
-        release_after_error(key, token);
-        PG_RE_THROW();
-    }
-    PG_END_TRY();
+    PG_END_ENSURE_ERROR_CLEANUP(release_grant_made, PointerGetDatum(&made));
 }
 
 // The record of a lease handed to this backend while it waited.
@@ -538,6 +552,13 @@ int64 lock_take(const RegistryKey& key, int64 ttl, core::Micros wait_us, const H
         const WaitCheck handed = wait_in_queue(key, wait_us, event);
         token = handed.token;
         handed_over_record(key, handed, ttl, holder, role, &record);
+        if (token != 0) {
+            // Handed over after the wait's last look at its client.
+            const GrantMade made{&key, token};
+            PG_ENSURE_ERROR_CLEANUP(release_grant_made, PointerGetDatum(&made));
+            { raise_if_client_gone(); }
+            PG_END_ENSURE_ERROR_CLEANUP(release_grant_made, PointerGetDatum(&made));
+        }
     }
     if (token == 0 && ttl == 0 && !call.already_mine) {
         forget_session_lock(key);  // not had: nothing to release at exit

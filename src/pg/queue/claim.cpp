@@ -27,6 +27,7 @@
 // finds rows by id tests the state as upper(state): the planner then always
 // takes the primary key, never a partial index on state, whose entries the
 // statistics of an idle moment may have counted as few.
+#include "pg/standby.hpp"
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
 #include "pg/clock.hpp"
@@ -217,6 +218,7 @@ bool priority_below(Datum queue, int32 below, int32* level) {
 
 // (queue text, worker text, lease interval, max integer) -> SETOF throttle.event
 Datum claim(FunctionCallInfo fcinfo) {
+    standby_refuse("throttle.claim");
     require_not_null(fcinfo, 0, "queue");
     require_not_null(fcinfo, 1, "worker");
     require_not_null(fcinfo, 3, "max");

@@ -34,6 +34,7 @@
 //  4. the events are marked claimed (mark_claimed.hpp), in a transaction
 //     whose commit is durable (durable_commit.hpp). A group whose due events
 //     all had their attempts used up is released, and the next one tried.
+#include "pg/standby.hpp"
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
 #include "pg/clock.hpp"
@@ -431,6 +432,7 @@ uint64 claim_from_pass(const GroupClaim& claim, KeptPlan* pass, HTAB* tried,
 
 // (queue text, worker text, lease interval, max integer) -> SETOF throttle.event
 Datum claim_group(FunctionCallInfo fcinfo) {
+    standby_refuse("throttle.claim_group");
     require_not_null(fcinfo, 0, "queue");
     require_not_null(fcinfo, 1, "worker");
     require_not_null(fcinfo, 2, "lease");

@@ -10,6 +10,7 @@
 //     leases of group claims with nothing left claimed, and NOTIFYs the due
 //     events of those groups and the oldest due event of the finished
 //     events' concurrency_keys (claim_end.hpp).
+#include "pg/standby.hpp"
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
 #include "pg/clock.hpp"
@@ -74,6 +75,7 @@ void notify_item_key_successors() {
 
 // (ids bigint[], token bigint) -> integer, how many were completed.
 Datum complete(FunctionCallInfo fcinfo) {
+    standby_refuse("throttle.complete");
     require_not_null(fcinfo, 0, "ids");
     require_not_null(fcinfo, 1, "token");
     registry_require();

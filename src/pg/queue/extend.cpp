@@ -13,6 +13,7 @@
 //     and the caller may act for, in a transaction whose commit is durable
 //     (durable_commit.hpp): an extended lease is a promise;
 //  5. the group leases of their group claims renewed to lease from now.
+#include "pg/standby.hpp"
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
 #include "pg/clock.hpp"
@@ -53,6 +54,7 @@ KeptPlan extended_groups{
 // (ids bigint[], token bigint, lease interval) -> integer, how many were
 // extended.
 Datum extend(FunctionCallInfo fcinfo) {
+    standby_refuse("throttle.extend");
     require_not_null(fcinfo, 0, "ids");
     require_not_null(fcinfo, 1, "token");
     require_not_null(fcinfo, 2, "lease");

@@ -17,6 +17,7 @@
 //     their attempt not counted (throttle._fence_claims, as release_group).
 //  4. The group leases of claims left with nothing claimed are released at
 //     commit, and what the end lets go is NOTIFYed (claim_end.hpp).
+#include "pg/standby.hpp"
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
 #include "pg/clock.hpp"
@@ -193,6 +194,7 @@ bool run_fail_events(const Datum* args, const char* nulls, bool may_retry) {
 // (ids bigint[], token bigint, error text, retry_in interval) -> integer,
 // how many failed.
 Datum fail(FunctionCallInfo fcinfo) {
+    standby_refuse("throttle.fail");
     registry_require();
     require_not_null(fcinfo, 0, "ids");
     require_not_null(fcinfo, 1, "token");

@@ -11,6 +11,7 @@
 //     earlier run_at) or ignore (nothing). A claimed event of item_key is
 //     never touched: the new event is its pending successor.
 //  3. A NOTIFY on the queue's channel, with the event's id, when it is due.
+#include "pg/standby.hpp"
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
 #include "pg/clock.hpp"
@@ -120,6 +121,7 @@ void check_arguments(FunctionCallInfo fcinfo) {
 // text, max_attempts integer, priority integer, on_duplicate text,
 // concurrency_key text) -> bigint, the event's id.
 Datum schedule(FunctionCallInfo fcinfo) {
+    standby_refuse("throttle.schedule");
     registry_require();  // 55000 before any argument error, as the PL/pgSQL schedule did
     check_arguments(fcinfo);
     const TimestampTz now = clock_now();
