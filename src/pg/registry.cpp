@@ -2,6 +2,7 @@
 #include "pg/clock.hpp"
 
 #include "pg/registry_quota.hpp"
+#include "pg/standby.hpp"
 #include "pg/scale_out/placement.hpp"
 
 extern "C" {
@@ -216,24 +217,35 @@ void settle_owner(const RegistryEntry& entry, Oid owner_before) {
     }
 }
 
+// Whether the entry is timed by the test clock (EntryClock::kTest).
+bool on_test_clock(const RegistryEntry& entry) {
+    return entry.key.clock == static_cast<uint8>(EntryClock::kTest);
+}
+
 // Drops every entry of one partition that no longer constrains anyone, by
 // the real clock: whatever clock the calling session reads, another
-// session's entry is dropped only when it has expired in real time. Holds
-// that partition's lock only. Returns how many.
-long reclaim_partition(int index, core::Micros now) {
+// session's entry is dropped only when it has expired in real time. A test
+// clock's entries, which the real clock cannot judge, are dropped only by a
+// session on the test clock (`test_now`), by its clock. Holds that
+// partition's lock only. Returns how many.
+long reclaim_partition(int index, core::Micros now, std::optional<core::Micros> test_now) {
     PartitionState& partition = partition_state(index);
-    if (now < __atomic_load_n(&partition.reclaim_not_before, __ATOMIC_RELAXED)) {
+    if (!test_now.has_value() &&
+        now < __atomic_load_n(&partition.reclaim_not_before, __ATOMIC_RELAXED)) {
         return 0;
     }
     long reclaimed = 0;
     LWLockAcquire(partition_lock_at(index), LW_EXCLUSIVE);
-    if (now >= partition.reclaim_not_before) {
+    if (test_now.has_value() || now >= partition.reclaim_not_before) {
         core::Micros earliest_survivor = core::kNever;
         for_each_entry(&partition.entries, [&](RegistryEntry* entry) {
-            if (registry_reclaimable(*entry, now)) {
+            const bool reclaimable = on_test_clock(*entry)
+                                         ? test_now.has_value() && *test_now >= entry->expires_at
+                                         : registry_reclaimable(*entry, now);
+            if (reclaimable) {
                 remove_entry(partition, entry);
                 reclaimed++;
-            } else if (entry->expires_at < earliest_survivor) {
+            } else if (!on_test_clock(*entry) && entry->expires_at < earliest_survivor) {
                 earliest_survivor = entry->expires_at;
             }
         });
@@ -246,9 +258,11 @@ long reclaim_partition(int index, core::Micros now) {
 // The sweep, when the table or a quota has no room: one partition at a time.
 long reclaim_expired() {
     const core::Micros now = GetCurrentTimestamp();
+    const std::optional<core::Micros> test_now =
+        clock_is_test() ? std::optional<core::Micros>(clock_now()) : std::nullopt;
     long reclaimed = 0;
     for (int i = 0; i < kPartitions; i++) {
-        reclaimed += reclaim_partition(i, now);
+        reclaimed += reclaim_partition(i, now, test_now);
     }
     return reclaimed;
 }
@@ -392,7 +406,9 @@ Attempt try_apply(const RegistryKey& key, uint32 hash, Oid role, const EntryOp& 
     const Oid owner_before = entry->owner;
     op.apply_exclusive(entry, ctx);
     settle_owner(*entry, owner_before);
-    lower_reclaim_not_before(partition, entry->expires_at);
+    if (!on_test_clock(*entry)) {
+        lower_reclaim_not_before(partition, entry->expires_at);
+    }
     return Attempt::kDone;
 }
 
@@ -520,6 +536,7 @@ Oid registry_caller_role(EntryKind kind) {
 }
 
 void registry_apply(const RegistryKey& key, const EntryOp& op, void* ctx) {
+    standby_check_local_decision(static_cast<EntryKind>(key.kind));
     registry_notice_promotion();
     const uint32 hash = get_hash_value(registry, &key);
     const Oid role = registry_caller_role(static_cast<EntryKind>(key.kind));
@@ -600,7 +617,7 @@ bool registry_upsert(const RegistryKey& key, void (*update)(RegistryEntry* entry
 }
 
 bool registry_reclaimable(const RegistryEntry& entry, core::Micros now) {
-    if (now < entry.expires_at) {
+    if (on_test_clock(entry) || now < entry.expires_at) {
         return false;
     }
     const auto kind = static_cast<EntryKind>(entry.key.kind);
@@ -654,6 +671,64 @@ bool registry_remove(const RegistryKey& key) {
     }
     remove_entry(partition_state(partition_of(hash)), entry);
     return true;
+}
+
+ClearResult registry_clear(const RegistryKey& key, bool create_if_absent) {
+    registry_notice_promotion();
+    const uint32 hash = get_hash_value(registry, &key);
+    const bool rule = unknown_since_of(key.kind).has_value();
+    const Oid role = GetUserId();
+    ClearResult result = ClearResult::kAbsent;
+    {
+        PartitionLock exclusive(partition_lock(hash), LW_EXCLUSIVE);
+        PartitionState& partition = partition_state(partition_of(hash));
+        auto* entry = static_cast<RegistryEntry*>(
+            hash_search_with_hash_value(registry, &key, hash, HASH_FIND, nullptr));
+        if (entry != nullptr && !rule) {
+            remove_entry(partition, entry);
+            return ClearResult::kCleared;
+        }
+        if (entry == nullptr && !(rule && create_if_absent)) {
+            return ClearResult::kAbsent;
+        }
+        if (entry == nullptr) {
+            // Counted against the operator's role, whatever its quota: a
+            // reset makes room for nobody else's grants.
+            (void)quota_charge(role, key.dbid, false);
+            entry = static_cast<RegistryEntry*>(
+                hash_search_with_hash_value(registry, &key, hash, HASH_ENTER_NULL, nullptr));
+            if (entry == nullptr) {
+                quota_uncharge(role, key.dbid);
+                return ClearResult::kFull;
+            }
+            link_entry(partition, entry);
+            clear_state(entry);
+            entry->owner = role;
+            result = ClearResult::kMadeFree;
+        } else {
+            // Known free from now on, not born: the rule does not bring it
+            // back. Its owner keeps paying for it; its counters stay.
+            const Oid owner = entry->owner;
+            const uint64 grants = entry->grants;
+            const uint64 denials = entry->denials;
+            const int32 waiters = entry->of.lock.waiters;
+            const bool lock_kind = key.kind == static_cast<uint8>(EntryKind::kLock) ||
+                                   key.kind == static_cast<uint8>(EntryKind::kQueueGroup);
+            clear_state(entry);
+            entry->owner = owner;
+            entry->grants = grants;
+            entry->denials = denials;
+            if (lock_kind) {
+                entry->of.lock.waiters = waiters;
+            }
+            result = ClearResult::kCleared;
+        }
+    }
+    return result;
+}
+
+void registry_raise_full() {
+    raise_full();
 }
 
 void registry_mark_unknown_since(EntryKind kind, core::Micros restart) {

@@ -152,7 +152,9 @@ void registry_apply(const RegistryKey& key, const EntryOp& op, void* ctx);
 
 // Whether an entry constrains nobody at `now` (the real clock: the decision
 // is shared by every session) and may be dropped: its expiry has passed and
-// no backend is queued for it.
+// no backend is queued for it. Never an entry of the test clock
+// (EntryClock::kTest), which the real clock cannot judge: only a sweep run by
+// a session on the test clock drops those, by its clock.
 bool registry_reclaimable(const RegistryEntry& entry, core::Micros now);
 
 // Runs `update` on the entry of `key` only if it exists, under the exclusive lock.
@@ -211,6 +213,20 @@ void registry_metrics(RegistryKindMetrics* kinds);
 
 // Drops the entry of `key` if there is one; returns whether there was.
 bool registry_remove(const RegistryKey& key);
+
+// throttle.reset of a resource or a bucket. Without a crash rule in force
+// for the kind, drops the entry (kCleared) if there is one. Under one, an
+// absent name would be born again in the rule's state, so the entry is left
+// free and known instead (not born: a resource grantable at once, a bucket
+// full), and an absent name is given such an entry when `create_if_absent`
+// (kMadeFree; counted against the caller's role whatever its quota; kFull
+// when the registry has no room). Raises nothing. A sweep may still reclaim a free entry when the
+// registry needs room, as any other entry that constrains nobody.
+enum class ClearResult { kAbsent, kCleared, kMadeFree, kFull };
+ClearResult registry_clear(const RegistryKey& key, bool create_if_absent);
+
+// 53200: the registry is full (pg_throttle.max_entries), with its hint.
+[[noreturn]] void registry_raise_full();
 
 // Calls `visit` for each entry of the current database still in force at
 // `now` (throttle.lock's locks: in real time). Each partition's entries are

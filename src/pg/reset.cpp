@@ -14,6 +14,14 @@ namespace {
 constexpr EntryKind kKinds[] = {EntryKind::kResource, EntryKind::kBucket, EntryKind::kLock,
                                 EntryKind::kQueueBucket, EntryKind::kQueueGroupBucket};
 
+// The clock (EntryClock) of the entries this session makes for `name`.
+uint8 own_clock_of(const text* name) {
+    RegistryKey key;
+    registry_make_key(EntryKind::kResource, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name), "name",
+                      &key);
+    return key.clock;
+}
+
 Datum reset(FunctionCallInfo fcinfo) {
     registry_require();
     require_not_null(fcinfo, 0, "name");
@@ -51,23 +59,48 @@ Datum reset(FunctionCallInfo fcinfo) {
                  errhint("Use resource, bucket, queue_bucket, group_bucket or lock, or NULL for "
                          "all of them.")));
     }
+    // Under a crash rule, a name is left known free rather than absent (an
+    // absent name would be born again in the rule's state), on the session's
+    // own clock also when it had no entry (registry_clear).
+    const uint8 own_clock = own_clock_of(name);
     int32 removed = 0;
+    bool full = false;
     // A lock's grant is ended, not its entry removed: the earliest waiter
     // gets it, and the lease journal records the release.
     for (size_t i = 0; i < key_count; i++) {
-        if (static_cast<EntryKind>(keys[i].kind) == EntryKind::kLock && lock_reset(keys[i])) {
+        if (static_cast<EntryKind>(keys[i].kind) != EntryKind::kLock) {
+            continue;
+        }
+        if (lock_reset(keys[i])) {
             removed++;
+        } else {
+            full |= registry_clear(keys[i], true) == ClearResult::kFull;
         }
     }
     // A checkpoint that still showed a removed resource would bring it back
-    // after a crash, while a grant made after the reset was lost.
+    // after a crash, while a grant made after the reset was lost. Nothing
+    // between begin and end raises.
     checkpoint_begin_forget();
     for (size_t i = 0; i < key_count; i++) {
-        if (static_cast<EntryKind>(keys[i].kind) != EntryKind::kLock && registry_remove(keys[i])) {
-            removed++;
+        if (static_cast<EntryKind>(keys[i].kind) == EntryKind::kLock) {
+            continue;
+        }
+        switch (registry_clear(keys[i], keys[i].clock == own_clock)) {
+            case ClearResult::kCleared:
+                removed++;
+                break;
+            case ClearResult::kFull:
+                full = true;
+                break;
+            case ClearResult::kAbsent:
+            case ClearResult::kMadeFree:
+                break;
         }
     }
     checkpoint_end_forget();
+    if (full) {
+        registry_raise_full();  // a name under a crash rule could not be left free
+    }
     PG_RETURN_INT32(removed);
 }
 

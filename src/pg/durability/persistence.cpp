@@ -23,40 +23,59 @@ constexpr const char* kRunningMarker = "pg_throttle.running";
 // Present once pg_throttle has run on this data directory.
 constexpr const char* kLeaseSnapshot = "pg_throttle.leases";
 
-// Resources and buckets in force. Leases live in the lease journal; session
-// locks die with their sessions; queue groups live in the event table.
+// Resources and buckets in force (leases live in the lease journal, session
+// locks die with their sessions, queue groups live in the event table). Also a test clock's,
+// whatever the real clock says (they may be in force on the test clock), and, while the kind's
+// crash rule is in force, those known free (not born): dropped, they would
+// come back in the rule's state (a reset name would be taken again).
 bool worth_keeping(const RegistryEntry& entry, core::Micros now) {
     const auto kind = static_cast<EntryKind>(entry.key.kind);
-    return (kind == EntryKind::kResource || entry_kind_is_bucket(kind)) && now < entry.expires_at;
+    if (kind != EntryKind::kResource && !entry_kind_is_bucket(kind)) {
+        return false;
+    }
+    const bool test_clock = entry.key.clock == static_cast<uint8>(EntryClock::kTest);
+    return test_clock || now < entry.expires_at ||
+           (!entry.born && registry_unknown_since(kind).has_value());
+}
+
+struct DumpScope {
+    core::Micros now;
+    // A standby's resources and buckets are its own, never the primary's:
+    // none is kept.
+    bool standby;
+};
+
+bool dumped(const RegistryEntry& entry, const DumpScope& scope) {
+    return !scope.standby && worth_keeping(entry, scope.now);
 }
 
 struct DumpCount {
-    core::Micros now;
+    DumpScope scope;
     int64 entries;
 };
 
 void count_entry(const RegistryEntry& entry, void* ctx) {
     auto* count = static_cast<DumpCount*>(ctx);
-    if (worth_keeping(entry, count->now)) {
+    if (dumped(entry, count->scope)) {
         count->entries++;
     }
 }
 
 struct DumpSource {
-    core::Micros now;
+    DumpScope scope;
     EntryEmitter emit;
     void* file_ctx;
 };
 
 void emit_kept(const RegistryEntry& entry, void* ctx) {
     auto* source = static_cast<DumpSource*>(ctx);
-    if (worth_keeping(entry, source->now)) {
+    if (dumped(entry, source->scope)) {
         source->emit(entry, source->file_ctx);
     }
 }
 
 void emit_registry(EntryEmitter emit, void* file_ctx, void* source_ctx) {
-    DumpSource source{*static_cast<core::Micros*>(source_ctx), emit, file_ctx};
+    DumpSource source{*static_cast<DumpScope*>(source_ctx), emit, file_ctx};
     registry_visit_all(emit_kept, &source);
 }
 
@@ -65,27 +84,32 @@ void dump_at_shutdown(int code, Datum /*arg*/) {
     if (code != 0) {
         return;
     }
-    DumpCount count{GetCurrentTimestamp(), 0};
-    registry_visit_all(count_entry, &count);
     // A standby's registry (or a promoted one's that no call has told of its
-    // promotion yet) never knew the primary's grants: from now on, resources
-    // and buckets count as unknown, whoever starts from this file.
-    const bool standby = registry_awaiting_promotion();
+    // promotion yet) never knew the primary's grants: whoever starts from
+    // this file, as a primary, counts them as granted at that start. (Marked
+    // from the shutdown instead, a standby restarted as a primary without a
+    // promotion granted again what the old primary granted in between.)
+    const DumpScope scope{GetCurrentTimestamp(), registry_awaiting_promotion()};
+    DumpCount count{scope, 0};
+    registry_visit_all(count_entry, &count);
     const StateFileInfo info{
-        count.entries, fence_last(), count.now,
-        standby ? count.now : registry_unknown_since(EntryKind::kResource).value_or(0),
-        standby ? count.now : registry_unknown_since(EntryKind::kBucket).value_or(0)};
-    if (state_file_write(kStateTemp, info, emit_registry, &count.now) &&
+        count.entries, fence_last(), scope.now,
+        scope.standby ? kUnknownFromNextStart
+                      : registry_unknown_since(EntryKind::kResource).value_or(0),
+        scope.standby ? kUnknownFromNextStart
+                      : registry_unknown_since(EntryKind::kBucket).value_or(0)};
+    DumpScope source = scope;
+    if (state_file_write(kStateTemp, info, emit_registry, &source) &&
         durable_rename(kStateTemp, kStateFile, LOG) == 0) {
         (void)durable_unlink(kRunningMarker, LOG);
     }
 }
 
+// Every entry the shutdown chose to keep (worth_keeping, judged then with
+// the rules in force then; one that has expired since is reclaimed as usual).
 bool restore_entry(const RegistryEntry& entry, void* ctx) {
     auto* counts = static_cast<int64*>(ctx);
-    if (worth_keeping(entry, GetCurrentTimestamp())) {
-        counts[registry_restore(entry) ? 0 : 1]++;
-    }
+    counts[registry_restore(entry) ? 0 : 1]++;
     return true;
 }
 
@@ -104,13 +128,16 @@ bool load_state() {
     }
     if (found) {
         fence_raise_to(info.last_token);
-        // A crash rule in force at the shutdown stays in force.
-        if (info.resources_unknown_since != 0) {
-            registry_mark_unknown_since(EntryKind::kResource, info.resources_unknown_since);
-        }
-        if (info.buckets_unknown_since != 0) {
-            registry_mark_unknown_since(EntryKind::kBucket, info.buckets_unknown_since);
-        }
+        // A crash rule in force at the shutdown stays in force; a standby's
+        // file puts one in force from this start.
+        const core::Micros start = GetCurrentTimestamp();
+        const auto keep_rule = [start](EntryKind kind, core::Micros since) {
+            if (since != 0) {
+                registry_mark_unknown_since(kind, since == kUnknownFromNextStart ? start : since);
+            }
+        };
+        keep_rule(EntryKind::kResource, info.resources_unknown_since);
+        keep_rule(EntryKind::kBucket, info.buckets_unknown_since);
         ereport(LOG, (errmsg("pg_throttle restored %lld resources and buckets",
                              static_cast<long long>(counts[0]))));
     }
@@ -179,6 +206,7 @@ void persistence_startup() {
         fence_continue_from_limit();
     }
     const core::Micros restart = GetCurrentTimestamp();
+    checkpoint_remove_temporary_files();
     if (from_backup) {
         checkpoint_discard();
         registry_await_promotion();
