@@ -11,7 +11,7 @@ pg_virtualenv -t -o shared_preload_libraries=pg_throttle ./server-suites.sh main
 pg_virtualenv -t -o shared_preload_libraries=pg_throttle -o pg_throttle.max_entries=100 \
     -o pg_throttle.role_quota=100 -o pg_throttle.database_quota=100 \
     ./server-suites.sh small-registry || rc=1
-for phase in backend postmaster damaged-checkpoint; do
+for phase in backend postmaster damaged-checkpoint cycles; do
     pg_virtualenv -t -o shared_preload_libraries=pg_throttle -o pg_throttle.max_lease=30 \
         -o pg_throttle.checkpoint_interval=0 \
         ./server-suites.sh crash "$phase" || rc=1

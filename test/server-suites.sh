@@ -7,7 +7,7 @@
 #                  Citus (a three-node cluster of its own; skipped without Citus)
 #   small-registry pg_throttle preloaded, pg_throttle.max_entries = 100
 #   crash PHASE    pg_throttle preloaded, on a cluster the suite crashes itself (one per
-#                  fault: backend, postmaster, damaged-checkpoint)
+#                  fault: backend, postmaster, damaged-checkpoint, cycles)
 #   restart        pg_throttle preloaded, on a cluster the suite restarts (and crashes) itself
 #   failover       pg_throttle preloaded, a standby of it promoted after the primary stops
 #   upgrade        pg_throttle preloaded, on a cluster the suite restarts after installing
@@ -34,6 +34,7 @@ main)
     run_suite rate-clients prove prove --verbose test/integration/rate_concurrency.py || status=1
     run_suite wait prove prove --verbose test/integration/wait.py || status=1
     run_suite locks prove prove --verbose test/integration/locks.py || status=1
+    run_suite ended-waits prove prove --verbose test/integration/ended_waits.py || status=1
     run_suite queue prove prove --verbose test/integration/queue.py || status=1
     run_suite queue-defects prove prove --verbose test/integration/queue_defects.py || status=1
     run_suite schedule-batch prove prove --verbose test/integration/schedule_batch.py || status=1
@@ -62,7 +63,7 @@ small-registry)
     run_suite registry-full prove prove --verbose test/integration/registry_full.py || status=1
     ;;
 crash)
-    phase=${2:?crash needs a phase: backend, postmaster or damaged-checkpoint}
+    phase=${2:?crash needs a phase: backend, postmaster, damaged-checkpoint or cycles}
     run_suite "crash-$phase" prove prove --verbose test/integration/crash.py :: "$phase" || status=1
     ;;
 restart)

@@ -6,7 +6,9 @@ peeks and waits keep the crash rule; a lease is still held by its holder with
 its token and expiry, also one granted before a CHECKPOINT (crash recovery
 replays WAL only from the checkpoint on); session locks and names nobody held
 are free at once. The periodic checkpoint brings resources back exactly, and
-a reset is never undone by one. Queue groups: one whose claim still holds stays
+a reset is never undone by one. Through crash, checkpoint, crash cycles a
+crash rule's entry stays the rule (cycles); concurrent checkpoint writers never
+install a damaged checkpoint; a reset under the rule clears the name. Queue groups: one whose claim still holds stays
 held, the others are claimable at once.
 
 Kills the cluster this suite runs against, so each fault (the argument:
@@ -14,6 +16,7 @@ backend, postmaster or damaged-checkpoint) runs on a fresh cluster of its own.
 """
 import os
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -307,11 +310,151 @@ def damaged_checkpoint(tap, conn, data_dir, checkpoint):
     conn.close()
 
 
+def twice(conn, sql, params=None):
+    return [one(conn, sql, params)[0] for _ in range(2)]
+
+
+def concurrent_checkpoints(tap, conn, checkpoint):
+    """Several writers at once (sessions calling throttle.checkpoint and the
+    background worker) never install a damaged or an empty checkpoint, and one
+    that began before a reset never brings the reset name back."""
+    execute(conn, "ALTER SYSTEM SET pg_throttle.checkpoint_interval = '1s'")
+    one(conn, "SELECT pg_reload_conf()")
+    one(conn, "SELECT throttle.acquire('cw.kept', '1 hour')")
+    one(conn, "SELECT throttle.acquire('cw.reset', '1 hour')")
+    stop = threading.Event()
+    failures = []
+
+    def writer():
+        c = connect()
+        try:
+            while not stop.is_set():
+                one(c, "SELECT throttle.checkpoint()")
+        except Exception as e:  # noqa: BLE001 - reported below
+            failures.append(repr(e))
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=writer) for _ in range(3)]
+    for t in threads:
+        t.start()
+    tap_ok = wait_for_checkpoint(checkpoint, "cw.kept")
+    reads = missing = 0
+    deadline = time.time() + 3
+    while time.time() < deadline:
+        try:
+            with open(checkpoint, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            data = b""
+        reads += 1
+        if b"cw.kept" not in data:
+            missing += 1
+    # A reset while the writers run; the name is granted again after it.
+    one(conn, "SELECT throttle.reset('cw.reset')")
+    one(conn, "SELECT throttle.acquire('cw.reset', '1 hour')")
+    regranted = next_grant(conn, "cw.reset")
+    time.sleep(0.5)
+    stop.set()
+    for t in threads:
+        t.join()
+    execute(conn, "ALTER SYSTEM RESET pg_throttle.checkpoint_interval")
+    one(conn, "SELECT pg_reload_conf()")
+    tap.ok(tap_ok and not failures and missing == 0,
+           "three sessions and the background worker writing checkpoints at once: every read of "
+           "the installed checkpoint holds the resource", repr((failures, missing, reads)))
+    log = server_log()
+    bad = [line for line in log.splitlines()
+           if "pg_throttle.checkpoint" in line and ("could not" in line or "ignoring" in line)]
+    tap.ok(not bad, "and no writer failed on another's temporary file", repr(bad[:3]))
+    return regranted
+
+
+def checkpoint_cycles(tap, conn, data_dir, checkpoint):
+    """Crash-rule entries through crash, checkpoint, crash cycles: a probe
+    with a short interval, checkpointed, never turns into a real grant that
+    ends early; a reset under the rule clears what it says it clears."""
+    regranted = concurrent_checkpoints(tap, conn, checkpoint)
+    tap.ok(one(conn, "SELECT throttle.acquire('cy.job', '3 minutes')")[0],
+           "a resource granted for 3 minutes")
+    one(conn, "SELECT * FROM throttle.take('cy.bucket', 1, '1 hour', 2, 2)")
+    kill_backend(conn)
+    conn = reconnect()
+    tap.ok(twice(conn, "SELECT throttle.acquire('cy.job', '3 seconds')") == [False, False],
+           "after a crash, a probe with a 3 s interval is refused (two calls)")
+    tap.ok(twice(conn, "SELECT remaining FROM throttle.take('cy.bucket', 1, '1 hour', 2, 0)")
+           == [0, 0], "and a peek sees the bucket empty (two peeks)")
+    started = time.time()
+    for cycle in (1, 2):
+        tap.ok(one(conn, "SELECT throttle.checkpoint()")[0] >= 1,
+               f"cycle {cycle}: a checkpoint holds the probed resource")
+        kill_backend(conn)
+        conn = reconnect()
+        # Past the probe's 3 s from the first restart: read from the
+        # checkpoint as a real grant, the probe's window would now be over.
+        time.sleep(max(0.0, 3.5 - (time.time() - started)))
+        tap.ok(twice(conn, "SELECT throttle.acquire('cy.job', '3 minutes')") == [False, False],
+               f"cycle {cycle}: after the next crash the 3-minute resource is still refused, past "
+               "the probe's interval (two calls)")
+        tap.ok(twice(conn, "SELECT allowed FROM throttle.take('cy.bucket', 1, '1 hour', 2)")
+               == [False, False], f"cycle {cycle}: the bucket is still empty (two takes)")
+    after_reset = next_grant(conn, "cw.reset")
+    tap.ok(after_reset is None or after_reset >= regranted,
+           "a checkpoint written while a reset ran does not bring the reset window back",
+           repr((after_reset, regranted)))
+
+    # reset under the crash rule
+    tap.ok(twice(conn, "SELECT throttle.acquire('cy.reset', '1 hour')") == [False, False],
+           "under the crash rule a resource nobody asked for is refused")
+    tap.is_(one(conn, "SELECT throttle.reset('cy.reset', 'resource')")[0], 1,
+            "reset clears it (1)")
+    tap.ok(twice(conn, "SELECT throttle.acquire('cy.reset', '1 hour')") == [True, False],
+           "then it is granted at once, and once")
+    one(conn, "SELECT throttle.reset('cy.never')")
+    tap.ok(twice(conn, "SELECT throttle.acquire('cy.never', '1 hour')") == [True, False],
+           "a name nobody had asked for, reset, is granted at once, and once")
+    tap.ok(twice(conn, "SELECT allowed FROM throttle.take('cy.rbucket', 1, '1 hour', 2)")
+           == [False, False], "under the crash rule a bucket starts empty")
+    one(conn, "SELECT throttle.reset('cy.rbucket', 'bucket')")
+    got = [one(conn, "SELECT allowed FROM throttle.take('cy.rbucket', 1, '1 hour', 2)")[0]
+           for _ in range(3)]
+    tap.ok(got == [True, True, False], "reset, it is full: its burst of 2 passes, then no more",
+           repr(got))
+    one(conn, "SELECT throttle.reset('cy.later')")
+    conn.close()
+    pg_ctlcluster("restart", "-m", "fast")
+    conn = reconnect()
+    tap.ok(twice(conn, "SELECT throttle.acquire('cy.later', '1 hour')") == [True, False],
+           "a name reset and not used before a clean restart is still clear after it")
+    tap.ok(twice(conn, "SELECT throttle.acquire('cy.reset', '1 hour')") == [False, False],
+           "and the one granted after its reset is still taken")
+
+    # Locks: the lease journal lost, locks fall under the rule.
+    conn.close()
+    pg_ctlcluster("stop", "-m", "immediate")
+    for name in os.listdir(data_dir):
+        if name.startswith("pg_throttle.lease"):
+            os.unlink(os.path.join(data_dir, name))
+    pg_ctlcluster("start")
+    conn = reconnect()
+    tap.ok(twice(conn, "SELECT throttle.lock('cy.lock', ttl => '5 seconds') IS NULL")
+           == [True, True], "with the lease journal lost, a lock nobody held counts as leased")
+    one(conn, "SELECT throttle.reset('cy.lock', 'lock')")
+    one(conn, "SELECT throttle.reset('cy.lock2', 'lock')")
+    got = [one(conn, f"SELECT throttle.lock('{n}', ttl => '5 seconds') IS NOT NULL")[0]
+           for n in ("cy.lock", "cy.lock", "cy.lock2", "cy.lock2")]
+    tap.ok(got == [True, False, True, False],
+           "reset, a lock held by the rule and one nobody touched are each granted once",
+           repr(got))
+    conn.close()
+
+
 # Each fault runs on a fresh cluster: the crash rule one leaves in force (for
 # good: it outlives clean restarts) would deny the grants the next makes first.
 PHASES = {"backend": (backend_killed, CHECKS_PER_FAULT + 21),
           "postmaster": (postmaster_killed, CHECKS_PER_FAULT + 19),
-          "damaged-checkpoint": (damaged_checkpoint, 4)}
+          "damaged-checkpoint": (damaged_checkpoint, 4),
+          "cycles": (checkpoint_cycles, 22)}
 
 
 def main():

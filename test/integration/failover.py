@@ -4,7 +4,10 @@ memory: at its promotion, resources and buckets count as granted then. Leases
 reach it through WAL (and its own lease journal, across its own restarts): the
 primary's leases are still held by their holders after the promotion, with
 their tokens and expiries, and fence tokens continue above every token the
-primary handed out.
+primary handed out. A standby refuses acquire, take, allow and wait unless
+the session asks for a standby-local decision, and the queue's functions. A
+standby stopped and started as a primary without a promotion keeps the
+promotion's rule from its start.
 
 With synchronous standbys configured, a lease is not granted until they have
 it, whatever the caller's synchronous_commit; a cancel ends the wait with an
@@ -93,6 +96,31 @@ def synchronous_standby(tap, primary, directory, port):
            "synchronous_commit = local, and a cancel is an error (57014)", repr(code))
     tap.is_(one(primary, "SELECT count(*) FROM throttle.locks WHERE name = 'sy.down'")[0], 0,
             "and the lease was not granted")
+    # Ended by pg_terminate_backend in that wait, which skips every error
+    # handler: the lease nobody will be told of is released all the same.
+    client = subprocess.Popen(["psql", "-X", "-q", "-c",
+                               "SELECT throttle.lock('sy.term', ttl => '10 seconds')"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pid = None
+    for _ in range(100):
+        row = one(primary, "SELECT pid FROM pg_stat_activity WHERE query LIKE '%sy.term%' "
+                           "AND wait_event = 'SyncRep' AND pid <> pg_backend_pid()")
+        if row:
+            pid = row[0]
+            break
+        time.sleep(0.1)
+    held = one(primary, "SELECT count(*) FROM throttle.locks WHERE name = 'sy.term'")[0]
+    one(primary, "SELECT pg_terminate_backend(%s)", (pid,)) if pid else None
+    client.wait()
+    left = None
+    for _ in range(100):
+        left = one(primary, "SELECT count(*) FROM throttle.locks WHERE name = 'sy.term'")[0]
+        if left == 0:
+            break
+        time.sleep(0.1)
+    tap.ok(pid is not None and held == 1 and left == 0,
+           "a lease whose grant waits for the synchronous standby, its backend terminated, is "
+           "released", repr((pid, held, left)))
     pg_ctl(directory, "start")
     token = one(impatient, "SET statement_timeout = '30s'; "
                            "SELECT throttle.lock('sy.down', ttl => '10 seconds')")[0]
@@ -102,8 +130,102 @@ def synchronous_standby(tap, primary, directory, port):
     one(primary, "SELECT pg_reload_conf()")
 
 
+# Each call a standby must refuse, with what the refusal is about.
+STANDBY_REFUSALS = [
+    ("SELECT throttle.acquire('fo.sb', '1 minute')", "acquire"),
+    ("SELECT throttle.acquire('fo.sb', '1 minute', 'x')", "acquire with a holder"),
+    ("SELECT allowed FROM throttle.take('fo.sb', 1, '1 minute', 1)", "take"),
+    ("SELECT allowed FROM throttle.take('fo.sb', 1, '1 minute', 1, 0)", "a peek"),
+    ("SELECT throttle.allow('fo.sb', 1, '1 minute', 1)", "allow"),
+    ("SELECT throttle.wait('fo.sb', 1, '1 minute', 1, 1, timeout => '1 second')", "wait"),
+]
+QUEUE_ON_STANDBY = [
+    "SELECT throttle.schedule('fo.q', 'k', now())",
+    "SELECT throttle.schedule_many('fo.q', ARRAY['a'], ARRAY[now()])",
+    "SELECT throttle.cancel('fo.q', 'k')",
+    "SELECT throttle.reschedule('fo.q', 'k', now())",
+    "SELECT count(*) FROM throttle.claim('fo.q', 'w')",
+    "SELECT count(*) FROM throttle.claim_group('fo.q', 'w')",
+    "SELECT throttle.complete(ARRAY[1::bigint], 1)",
+    "SELECT throttle.fail(ARRAY[1::bigint], 1, 'e')",
+    "SELECT throttle.extend(ARRAY[1::bigint], 1, '1 minute')",
+]
+
+
+def refused_on_standby(tap, standby):
+    """A standby's registry is its own: acquire, take, allow and wait refuse
+    there (25006) unless the session asks for a standby-local decision; the
+    queue's functions refuse with an error that says so."""
+    codes = [(what, error_code(standby, sql)) for sql, what in STANDBY_REFUSALS]
+    tap.ok(all(code == "25006" for _, code in codes),
+           "a standby refuses acquire, take, a peek, allow and wait (25006)", repr(codes))
+    try:
+        one(standby, STANDBY_REFUSALS[0][0])
+        message = ""
+    except psycopg2.Error as e:
+        message = (e.diag.message_primary or "") + " " + (e.diag.message_hint or "")
+    tap.ok("standby" in message and "pg_throttle.standby_local" in message,
+           "the error says why and names the setting that allows it", message)
+    errors = []
+    for sql in QUEUE_ON_STANDBY:
+        try:
+            one(standby, sql)
+            errors.append((sql, None, ""))
+        except psycopg2.Error as e:
+            errors.append((sql, e.pgcode, e.diag.message_primary))
+    tap.ok(all(code == "25006" for _, code, _ in errors),
+           "every queue function refuses on a standby (25006)", repr(errors))
+    tap.ok(all("standby" in msg or "read-only" in msg for _, _, msg in errors),
+           "with a message that says it is a standby or read-only", repr(errors))
+
+
+def restarted_as_primary(tap, primary, port):
+    """A standby stopped cleanly and started again without standby.signal
+    (not promoted) keeps the rule of a promotion: resources and buckets count
+    as granted at its start, not at its shutdown, for the old primary may
+    have granted meanwhile."""
+    directory = tempfile.mkdtemp(prefix="pg_throttle_standby2.")
+    try:
+        make_standby(primary, directory, port)
+        standby = reconnect(host="127.0.0.1", port=port)
+        tap.ok(standby is not None and wait_for_replay(primary, standby),
+               "a second standby runs and follows the primary")
+        standby.close()
+        pg_ctl(directory, "stop", "-m", "fast")
+        stopped = time.time()
+        time.sleep(2)
+        # Granted by the old primary while the standby is down: 6 s from here.
+        granted = [one(primary, "SELECT throttle.acquire('sp.job', '6 seconds')")[0],
+                   one(primary, "SELECT allowed FROM throttle.take('sp.bucket', 1, '6 seconds', 1)")[0]]
+        os.unlink(os.path.join(directory, "data", "standby.signal"))
+        pg_ctl(directory, "start")
+        # Past the shutdown + 6 s, inside the old primary's grant.
+        time.sleep(max(0.0, 6.5 - (time.time() - stopped)))
+        new = reconnect(host="127.0.0.1", port=port)
+        answers = [one(new, "SELECT throttle.acquire('sp.job', '6 seconds')")[0] for _ in range(2)]
+        takes = [one(new, "SELECT allowed FROM throttle.take('sp.bucket', 1, '6 seconds', 1)")[0]
+                 for _ in range(2)]
+        tap.ok(granted == [True, True] and answers == [False, False] and takes == [False, False],
+               "started as a primary without a promotion, it counts resources and buckets as "
+               "granted at its start, not at its shutdown (two calls each)",
+               repr((granted, answers, takes, time.time() - stopped)))
+        new.close()
+        pg_ctl(directory, "restart", "-m", "fast")
+        new = reconnect(host="127.0.0.1", port=port)
+        answers = [one(new, "SELECT throttle.acquire('sp.other', '1 hour')")[0] for _ in range(2)]
+        tap.ok(answers == [False, False],
+               "and a clean restart keeps that rule (two calls)", repr(answers))
+        new.close()
+    finally:
+        try:
+            pg_ctl(directory, "stop", "-m", "immediate")
+        except (subprocess.CalledProcessError, OSError):
+            pass
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def main():
-    tap = Tap(33)
+    tap = Tap(41)
     directory = tempfile.mkdtemp(prefix="pg_throttle_standby.")
     port = int(os.environ.get("PGPORT", "5432")) + 50
     try:
@@ -124,6 +246,7 @@ def run(tap, directory, port):
     one(primary, "CREATE EXTENSION IF NOT EXISTS pg_throttle; SELECT 1")
     # The backup is taken before the primary hands out any token, so the
     # standby's copy of the fence file knows none of them: only WAL tells it.
+    restarted_as_primary(tap, primary, port + 1)
     make_standby(primary, directory, port)
     standby = reconnect(host="127.0.0.1", port=port)
     tap.ok(standby is not None, "the standby runs with pg_throttle preloaded")
@@ -158,8 +281,11 @@ def run(tap, directory, port):
             "a standby refuses to hand out locks (25006)")
     tap.is_(error_code(standby, "SELECT throttle.renew('fo.lease', %d, '1 second')" % before["lease"]),
             "25006", "and to renew them (25006)")
+    refused_on_standby(tap, standby)
+    execute(standby, "SET pg_throttle.standby_local = on")
     tap.ok(one(standby, "SELECT throttle.acquire('fo.standby-only', '10 milliseconds')")[0],
-           "a standby's own registry works for acquire")
+           "asked explicitly (pg_throttle.standby_local), a standby decides from its own registry")
+    execute(standby, "RESET pg_throttle.standby_local")
     # The standby restarts: its leases come back from its own lease journal.
     standby.close()
     pg_ctl(directory, "restart", "-m", "fast")

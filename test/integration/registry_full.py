@@ -4,7 +4,9 @@
 Entries whose interval has passed are reclaimed when room is needed; live ones
 never are, and when only live ones remain the call fails with 53200. Reclaim
 is decided on the real clock: a session whose pg_throttle.test_clock is far in
-the future, in another database, does not evict anyone's entries.
+the future, in another database, does not evict anyone's entries; and a sweep
+on the real clock never evicts a test clock's entry that is in force on the
+test clock.
 """
 import os
 import sys
@@ -44,8 +46,42 @@ def other_database(conn):
     return other
 
 
+def test_clock_apart(tap, conn, cur):
+    """A sweep on the real clock (the registry full) leaves a test clock's
+    entry alone: in real time its window (in 2020) is long over, on its clock
+    it is not."""
+    clear(cur)
+    tester = connect()
+    tcur = tester.cursor()
+    tcur.execute("SET pg_throttle.test_clock = '2020-01-01 00:00:00+00'")
+    tcur.execute("SELECT throttle.acquire('tc.window', '1 day')")
+    tap.ok(tcur.fetchone()[0], "a session on the test clock is granted a day in 2020")
+    allowed(cur, "full.sweep.", "1 second")
+    grants(cur, "full.fill.", 1, CAPACITY - 51, "1 hour")
+    err = sql_error(conn, "SELECT throttle.acquire('full.extra', '1 hour')")
+    tap.ok(err is not None and err[0] == "53200", "the registry is full", repr(err))
+    time.sleep(1.2)
+    tap.is_(grants(cur, "full.after.", 1, 50, "1 hour"), 50,
+            "a sweep on the real clock makes room from the 50 expired buckets")
+    err = sql_error(conn, "SELECT throttle.acquire('full.after.51', '1 hour')")
+    tap.ok(err is not None and err[0] == "53200",
+           "and from them only: the test clock's entry is not reclaimed (53200)", repr(err))
+    tcur.execute("SET pg_throttle.test_clock = '2020-01-01 12:00:00+00'")
+    answers = []
+    for _ in range(2):
+        tcur.execute("SELECT throttle.acquire('tc.window', '1 day')")
+        answers.append(tcur.fetchone()[0])
+    tap.ok(answers == [False, False], "the test clock's entry was not reclaimed: still taken "
+           "inside its window on its clock (two calls)", repr(answers))
+    tcur.execute("SET pg_throttle.test_clock = '2020-01-02 00:00:00+00'")
+    tcur.execute("SELECT throttle.acquire('tc.window', '1 day')")
+    tap.ok(tcur.fetchone()[0], "and granted once its window has passed on its clock")
+    tcur.execute("SELECT throttle.reset('tc.window')")
+    tester.close()
+
+
 def main():
-    tap = Tap(22)
+    tap = Tap(28)
     conn = connect()
     cur = conn.cursor()
     cur.execute("CREATE EXTENSION IF NOT EXISTS pg_throttle")
@@ -107,6 +143,7 @@ def main():
     time.sleep(1.2)
     tap.is_(allowed(cur, "full.new-bucket.", "1 hour"), 50, "full buckets were reclaimed for 50 new ones")
     tap.is_(allowed(cur, "full.counting.", "1 hour"), 0, "no counting bucket was dropped: all 50 still deny")
+    test_clock_apart(tap, conn, cur)
     conn.close()
     tap.done()
 
