@@ -47,6 +47,9 @@ main)
         status=1
     run_suite security prove prove --verbose test/integration/security.py || status=1
     run_suite dump-restore prove prove --verbose test/integration/dump_restore.py || status=1
+    # Servers of its own (old, new and a standby), on Unix sockets only.
+    run_suite fence-migration prove prove --verbose test/integration/fence_migration.py ||
+        status=1
     run_suite readme prove prove --verbose test/integration/readme_examples.py || status=1
     run_suite version-features prove prove --verbose test/integration/version_features.py ||
         status=1

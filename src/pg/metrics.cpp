@@ -19,7 +19,6 @@ Datum registry_metrics_rows(FunctionCallInfo fcinfo) {
     auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
     RegistryKindMetrics kinds[kEntryKindCount];
     registry_metrics(kinds);
-    const int64 capacity = registry_capacity();
     for (int kind = 1; kind < kEntryKindCount; kind++) {
         const RegistryKindMetrics& totals = kinds[kind];
         Datum values[kMetricsColumns];
@@ -27,7 +26,7 @@ Datum registry_metrics_rows(FunctionCallInfo fcinfo) {
         values[0] = CStringGetTextDatum(entry_kind_name(static_cast<EntryKind>(kind)));
         values[1] = Int64GetDatum(totals.entries);
         values[2] = Int64GetDatum(totals.in_force);
-        values[3] = Int64GetDatum(capacity);
+        values[3] = Int64GetDatum(registry_capacity(static_cast<EntryKind>(kind)));
         values[4] = Int64GetDatum(static_cast<int64>(totals.grants));
         values[5] = Int64GetDatum(static_cast<int64>(totals.denials));
         values[6] = Int64GetDatum(totals.waiters);

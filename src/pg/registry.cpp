@@ -21,6 +21,12 @@ constexpr const char* kTrancheName = "pg_throttle";
 int max_entries = 100000;
 int max_lease_seconds = 3600;
 HTAB* registry = nullptr;
+
+// The hash table's slots: pg_throttle.max_entries, and the room kept beside
+// it for queue groups' leases (registry_quota.hpp counts both pools).
+long table_size() {
+    return static_cast<long>(max_entries + quota_group_lease_room(max_entries));
+}
 LWLockPadded* partition_locks = nullptr;
 
 // One partition's own state, guarded by its lock.
@@ -200,20 +206,27 @@ void retire_counters(PartitionState& partition, const RegistryEntry& entry) {
     }
 }
 
+// Queue groups' leases have room of their own, under no quota
+// (registry_quota.hpp); every other kind shares pg_throttle.max_entries.
+QuotaPool pool_of(const RegistryKey& key) {
+    return key.kind == static_cast<uint8>(EntryKind::kQueueGroup) ? QuotaPool::kGroupLeases
+                                                                  : QuotaPool::kShared;
+}
+
 // Drops an entry of `partition`: from its list, its owner's and database's
 // counts and the hash table, keeping its counters. The caller holds the
 // partition's exclusive lock.
 void remove_entry(PartitionState& partition, RegistryEntry* entry) {
     retire_counters(partition, *entry);
     dlist_delete(&entry->link);
-    quota_uncharge(entry->owner, entry->key.dbid);
+    quota_uncharge(pool_of(entry->key), entry->owner, entry->key.dbid);
     hash_search(registry, &entry->key, HASH_REMOVE, nullptr);
 }
 
 // After a callback that may have handed a lock to another role.
 void settle_owner(const RegistryEntry& entry, Oid owner_before) {
     if (entry.owner != owner_before) {
-        quota_move(owner_before, entry.owner);
+        quota_move(pool_of(entry.key), owner_before, entry.owner);
     }
 }
 
@@ -303,7 +316,16 @@ void bear(RegistryEntry* entry, const EntryOp& op, core::Micros unknown_since,
 }
 
 // 53200, with a hint naming pg_throttle.max_entries.
-[[noreturn]] void raise_full() {
+[[noreturn]] void raise_full(QuotaPool pool) {
+    if (pool == QuotaPool::kGroupLeases) {
+        ereport(ERROR,
+                (errcode(ERRCODE_OUT_OF_MEMORY),
+                 errmsg("pg_throttle registry is full of queue group leases"),
+                 errdetail("All %lld entries kept for the leases of claimed groups are in force.",
+                           static_cast<long long>(quota_group_lease_room(max_entries))),
+                 errhint("Increase pg_throttle.max_entries (a tenth of it, at least 100, is kept "
+                         "for group leases) and restart the server.")));
+    }
     ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY),  // 53200, as "out of shared memory"
                     errmsg("pg_throttle registry is full"),
                     errdetail("All %d entries are in force; none can be reclaimed.", max_entries),
@@ -368,18 +390,20 @@ Attempt try_apply(const RegistryKey& key, uint32 hash, Oid role, const EntryOp& 
     auto* entry = static_cast<RegistryEntry*>(
         hash_search_with_hash_value(registry, &key, hash, HASH_FIND, nullptr));
     if (entry == nullptr) {
-        switch (quota_charge(role, key.dbid, true)) {
+        switch (quota_charge(pool_of(key), role, key.dbid, true)) {
             case QuotaCheck::kRoleQuota:
                 return Attempt::kRoleQuota;
             case QuotaCheck::kDatabaseQuota:
                 return Attempt::kDatabaseQuota;
+            case QuotaCheck::kFull:
+                return Attempt::kFull;
             case QuotaCheck::kOk:
                 break;
         }
         entry = static_cast<RegistryEntry*>(
             hash_search_with_hash_value(registry, &key, hash, HASH_ENTER_NULL, nullptr));
         if (entry == nullptr) {
-            quota_uncharge(role, key.dbid);
+            quota_uncharge(pool_of(key), role, key.dbid);
             return Attempt::kFull;
         }
         link_entry(partition, entry);
@@ -455,7 +479,7 @@ void registry_define_gucs() {
 void registry_request_shmem() {
     RequestAddinShmemSpace(
         add_size(add_size(MAXALIGN(sizeof(RegistryShared)),
-                          hash_estimate_size(max_entries, sizeof(RegistryEntry))),
+                          hash_estimate_size(table_size(), sizeof(RegistryEntry))),
                  quota_shmem_size(max_entries)));
     RequestNamedLWLockTranche(kTrancheName, kTrancheLocks);
 }
@@ -486,7 +510,7 @@ void registry_attach_shmem() {
         shared_state->last_quota_sweep = 0;
     }
     registry =
-        ShmemInitHash("pg_throttle registry", max_entries, max_entries, &info,
+        ShmemInitHash("pg_throttle registry", table_size(), table_size(), &info,
                       HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_PARTITION | HASH_FIXED_SIZE);
     quota_attach_shmem(max_entries, &partition_locks[kQuotaLock].lock);
     LWLockRelease(AddinShmemInitLock);
@@ -562,7 +586,7 @@ void registry_apply(const RegistryKey& key, const EntryOp& op, void* ctx) {
         case Attempt::kDone:
             return;
         case Attempt::kFull:
-            raise_full();
+            raise_full(pool_of(key));
         case Attempt::kRoleQuota:
             quota_raise(QuotaCheck::kRoleQuota, role, key.dbid);
         case Attempt::kDatabaseQuota:
@@ -602,7 +626,7 @@ bool registry_upsert(const RegistryKey& key, void (*update)(RegistryEntry* entry
                     // What a primary knew, replayed: counted, never refused.
                     link_entry(partition, entry);
                     clear_state(entry);
-                    (void)quota_charge(InvalidOid, key.dbid, false);
+                    (void)quota_charge(pool_of(key), InvalidOid, key.dbid, false);
                 }
                 const Oid owner_before = entry->owner;
                 update(entry, ctx);
@@ -640,14 +664,14 @@ bool registry_restore(const RegistryEntry& saved) {
     }
     PartitionState& partition = partition_state_of(*entry);
     if (found) {
-        quota_uncharge(entry->owner, entry->key.dbid);
+        quota_uncharge(pool_of(entry->key), entry->owner, entry->key.dbid);
     } else {
         link_entry(partition, entry);
     }
     memcpy(reinterpret_cast<char*>(entry) + kEntryStateOffset,
            reinterpret_cast<const char*>(&saved) + kEntryStateOffset,
            sizeof(RegistryEntry) - kEntryStateOffset);
-    (void)quota_charge(entry->owner, entry->key.dbid, false);
+    (void)quota_charge(pool_of(entry->key), entry->owner, entry->key.dbid, false);
     lower_reclaim_not_before(partition, entry->expires_at);
     return true;
 }
@@ -656,8 +680,8 @@ int64 registry_entry_count() {
     return hash_get_num_entries(registry);
 }
 
-int64 registry_capacity() {
-    return max_entries;
+int64 registry_capacity(EntryKind kind) {
+    return kind == EntryKind::kQueueGroup ? quota_group_lease_room(max_entries) : max_entries;
 }
 
 bool registry_remove(const RegistryKey& key) {

@@ -7,7 +7,8 @@
 // an absent one; such entries are reclaimed when the table needs room.
 //
 // Every entry counts against its database and its owner role, which may hold
-// at most their quotas of the registry (registry_quota.hpp).
+// at most their quotas of the registry, except a queue group's lease, which
+// has room of its own beside it (registry_quota.hpp).
 #pragma once
 
 #include "core/names.hpp"
@@ -192,9 +193,10 @@ std::optional<core::Micros> registry_unknown_since(EntryKind kind);
 core::Micros registry_max_lease();
 
 // How many entries the registry holds (live or not yet reclaimed), and
-// how many it can hold (pg_throttle.max_entries).
+// how many of `kind` it can hold: pg_throttle.max_entries, shared by every
+// kind but queue groups, whose leases have room of their own.
 int64 registry_entry_count();
-int64 registry_capacity();
+int64 registry_capacity(EntryKind kind);
 
 // Server-wide totals of one kind of entry (throttle.registry_metrics).
 struct RegistryKindMetrics {

@@ -9,9 +9,11 @@ namespace {
 int role_quota_percent = 50;
 int database_quota_percent = 75;
 int64 max_entries_seen = 0;
+int64 pool_room[2] = {0, 0};  // by QuotaPool
 
 struct QuotaShared {
-    uint32 capacity;  // slots per table; the role table, then the database table, follow
+    int64 entries[2];  // by QuotaPool
+    uint32 capacity;   // slots per table; the role table, then the database table, follow
 };
 static_assert(std::is_trivially_copyable_v<QuotaShared>);
 
@@ -55,6 +57,11 @@ void quota_define_gucs() {
         &database_quota_percent, 75, 1, 100, PGC_SUSET, 0, nullptr, nullptr, nullptr);
 }
 
+int64 quota_group_lease_room(int max_entries) {
+    constexpr int64 kLeast = 100;
+    return std::max<int64>(kLeast, max_entries / 10);
+}
+
 Size quota_shmem_size(int max_entries) {
     // Each entry counts against at most one role and one database: room for
     // as many owners of each as there can be entries.
@@ -65,6 +72,8 @@ Size quota_shmem_size(int max_entries) {
 
 void quota_attach_shmem(int max_entries, LWLock* lock) {
     max_entries_seen = max_entries;
+    pool_room[static_cast<int>(QuotaPool::kShared)] = max_entries;
+    pool_room[static_cast<int>(QuotaPool::kGroupLeases)] = quota_group_lease_room(max_entries);
     counts_lock = lock;
     bool found = false;
     const Size size = quota_shmem_size(max_entries);
@@ -78,35 +87,45 @@ void quota_attach_shmem(int max_entries, LWLock* lock) {
     database_counts = role_counts + shared->capacity;
 }
 
-QuotaCheck quota_charge(Oid role, Oid db, bool enforce) {
+QuotaCheck quota_charge(QuotaPool pool, Oid role, Oid db, bool enforce) {
+    const int p = static_cast<int>(pool);
+    const bool shared_pool = pool == QuotaPool::kShared;
     const int64 role_limit = limit_of(role_quota_percent);
     const int64 database_limit = limit_of(database_quota_percent);
     QuotaCheck result = QuotaCheck::kOk;
     LWLockAcquire(counts_lock, LW_EXCLUSIVE);
-    if (enforce && OidIsValid(role) &&
-        core::owner_count_of(role_counts, shared->capacity, role) >= role_limit) {
+    if (enforce && shared->entries[p] >= pool_room[p]) {
+        result = QuotaCheck::kFull;
+    } else if (enforce && shared_pool && OidIsValid(role) &&
+               core::owner_count_of(role_counts, shared->capacity, role) >= role_limit) {
         result = QuotaCheck::kRoleQuota;
-    } else if (enforce &&
+    } else if (enforce && shared_pool &&
                core::owner_count_of(database_counts, shared->capacity, db) >= database_limit) {
         result = QuotaCheck::kDatabaseQuota;
     } else {
-        // The tables have a slot for every entry the registry can hold.
-        (void)core::owner_count_add(role_counts, shared->capacity, role, 1);
-        (void)core::owner_count_add(database_counts, shared->capacity, db, 1);
+        shared->entries[p]++;
+        if (shared_pool) {
+            // The tables have a slot for every entry the registry can hold.
+            (void)core::owner_count_add(role_counts, shared->capacity, role, 1);
+            (void)core::owner_count_add(database_counts, shared->capacity, db, 1);
+        }
     }
     LWLockRelease(counts_lock);
     return result;
 }
 
-void quota_uncharge(Oid role, Oid db) {
+void quota_uncharge(QuotaPool pool, Oid role, Oid db) {
     LWLockAcquire(counts_lock, LW_EXCLUSIVE);
-    (void)core::owner_count_add(role_counts, shared->capacity, role, -1);
-    (void)core::owner_count_add(database_counts, shared->capacity, db, -1);
+    shared->entries[static_cast<int>(pool)]--;
+    if (pool == QuotaPool::kShared) {
+        (void)core::owner_count_add(role_counts, shared->capacity, role, -1);
+        (void)core::owner_count_add(database_counts, shared->capacity, db, -1);
+    }
     LWLockRelease(counts_lock);
 }
 
-void quota_move(Oid from, Oid to) {
-    if (from == to) {
+void quota_move(QuotaPool pool, Oid from, Oid to) {
+    if (from == to || pool != QuotaPool::kShared) {
         return;
     }
     LWLockAcquire(counts_lock, LW_EXCLUSIVE);

@@ -4,9 +4,14 @@
 // that no role and no database can fill the registry for the others.
 //
 // An entry counts against its database and its owner (RegistryEntry::owner:
-// the role that created it; for a lock, the role holding it). The counts
-// live in shared memory under a lock of their own, taken after a partition
-// lock and never before one; nothing here raises or sleeps under it.
+// the role that created it; for a lock, the role holding it), and against
+// the room of its pool: pg_throttle.max_entries for every kind but one, and
+// room of its own beside it for the queue groups' leases, which count
+// against no quota (a lease stands for claimed rows of throttle.event, so
+// the events a role may claim bound it): neither a role's own keys nor a
+// registry full of other roles' entries can stop its queue workers. The
+// counts live in shared memory under a lock of their own, taken after a
+// partition lock and never before one; nothing here raises or sleeps under it.
 #pragma once
 
 #include "pg/pg_headers.hpp"
@@ -18,19 +23,27 @@ Size quota_shmem_size(int max_entries);
 // `lock`: the LWLock that guards the counts.
 void quota_attach_shmem(int max_entries, LWLock* lock);
 
-enum class QuotaCheck { kOk, kRoleQuota, kDatabaseQuota };
+// Where an entry has its room: kShared (pg_throttle.max_entries, under the
+// quotas) or kGroupLeases (quota_group_lease_room, no quota).
+enum class QuotaPool : uint8 { kShared = 0, kGroupLeases = 1 };
+
+// The room kept for queue groups' leases beside pg_throttle.max_entries: a
+// tenth of it, at least 100 (a group may have 64 workers).
+int64 quota_group_lease_room(int max_entries);
+
+enum class QuotaCheck { kOk, kRoleQuota, kDatabaseQuota, kFull };
 
 // Counts a new entry of database `db` owned by `role` (InvalidOid: counted
-// against the database only). With `enforce`, refuses it (and counts
-// nothing) when the role or the database already holds its quota, by the
-// calling session's settings. Without, as when the server restores what it
-// held, it always counts.
-QuotaCheck quota_charge(Oid role, Oid db, bool enforce);
+// against the database only) in `pool`. With `enforce`, refuses it (and
+// counts nothing) when its pool is full (kFull) or, in kShared, the role or
+// the database already holds its quota, by the calling session's settings.
+// Without, as when the server restores what it held, it always counts.
+QuotaCheck quota_charge(QuotaPool pool, Oid role, Oid db, bool enforce);
 // The entry is gone.
-void quota_uncharge(Oid role, Oid db);
+void quota_uncharge(QuotaPool pool, Oid role, Oid db);
 // The entry now belongs to `to` (a lock granted to another role). Not
 // enforced: the entry exists already.
-void quota_move(Oid from, Oid to);
+void quota_move(QuotaPool pool, Oid from, Oid to);
 
 // Raises SQLSTATE 53400 for a refused charge, with a hint naming the GUC.
 [[noreturn]] void quota_raise(QuotaCheck refused, Oid role, Oid db);

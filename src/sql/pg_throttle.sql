@@ -149,6 +149,14 @@ COMMENT ON FUNCTION throttle.checkpoint() IS
     'Writes the checkpoint of the registry''s resources now (the background worker does so every pg_throttle.checkpoint_interval) and returns how many it wrote. After a crash, resources granted before the last checkpoint come back exactly. For operators: not granted to PUBLIC.';
 REVOKE EXECUTE ON FUNCTION throttle.checkpoint() FROM PUBLIC;
 
+CREATE FUNCTION throttle.advance_fence(past bigint)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'pg_throttle_advance_fence'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION throttle.advance_fence(bigint) IS
+    'Makes every fence token handed out from now on (lock grants, queue claims) greater than past, durably: also after a crash and on a standby promoted later. Returns the floor, the token every later one exceeds (past 0 changes nothing and shows it). After a dump restored into another cluster, pass the old cluster''s floor or the greatest token in the restored data. Server-wide; superusers only, on the primary; past from 0 to 2^62.';
+REVOKE EXECUTE ON FUNCTION throttle.advance_fence(bigint) FROM PUBLIC;
+
 --
 -- Operator view of the shared-memory registry.
 --

@@ -5,9 +5,7 @@ import shutil
 import subprocess
 import tempfile
 
-import psycopg2
-
-from cluster import BIN, as_postgres
+from cluster import BIN, OwnServer
 
 MAX_LEASE_S = 6
 
@@ -23,24 +21,9 @@ def citus_missing():
     return None
 
 
-class Node:
+class Node(OwnServer):
     def __init__(self, directory, name, port, extra_conf=""):
-        self.name = name
-        self.extra_conf = extra_conf
-        self.port = port
-        self.directory = os.path.join(directory, name)
-        self.data = os.path.join(self.directory, "data")
-
-    def init(self):
-        os.makedirs(self.directory)
-        subprocess.run(["chown", "-R", "postgres:postgres", self.directory], check=True)
-        as_postgres(f"{BIN}/initdb", "-D", self.data, "-A", "trust", "-U", "postgres",
-                    "--no-sync")
-        with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
-            f.write(f"""
-listen_addresses = '127.0.0.1'
-port = {self.port}
-unix_socket_directories = '{self.directory}'
+        super().__init__(os.path.join(directory, name), port, f"""
 shared_preload_libraries = 'citus,pg_throttle'
 pg_throttle.max_lease = {MAX_LEASE_S}
 max_prepared_transactions = 100
@@ -48,25 +31,8 @@ wal_level = logical
 max_connections = 100
 fsync = off
 citus.shard_replication_factor = 1
-{self.extra_conf}
-""")
-        self.ctl("start")
-
-    def ctl(self, action, *extra):
-        as_postgres(f"{BIN}/pg_ctl", "-D", self.data, "-l", os.path.join(self.directory, "log"),
-                    "-w", action, *extra)
-
-    def connect(self, dbname="postgres", user="postgres", autocommit=True):
-        conn = psycopg2.connect(host="127.0.0.1", port=self.port, dbname=dbname, user=user)
-        conn.autocommit = autocommit
-        return conn
-
-    def log(self):
-        try:
-            with open(os.path.join(self.directory, "log")) as f:
-                return f.read()
-        except OSError:
-            return ""
+{extra_conf}""", host="127.0.0.1")
+        self.name = name
 
 
 class CitusCluster:

@@ -1,10 +1,13 @@
 """Control of the cluster a suite runs against (pg_virtualenv's cluster <version>/regress):
-restarts, crashes (a backend or the postmaster killed with SIGKILL), its log."""
+restarts, crashes (a backend or the postmaster killed with SIGKILL), its log; and servers a
+suite runs itself (OwnServer)."""
 import glob
 import os
 import signal
 import subprocess
 import time
+
+import psycopg2
 
 from pgconn import connect, one
 
@@ -18,6 +21,62 @@ def as_postgres(*command):
     """Runs `command` as the postgres user (for servers a suite builds itself)."""
     return subprocess.run(["runuser", "-u", "postgres", "--", *command], check=True,
                           capture_output=True, text=True)
+
+
+class OwnServer:
+    """A throwaway server a suite runs itself in `directory` (initdb and pg_ctl as the postgres
+    user), with `conf` appended to its postgresql.conf. It listens on `host` when one is given,
+    else only on a Unix socket in `directory` (so servers in different directories may share a
+    port number)."""
+
+    def __init__(self, directory, port, conf="", host=None):
+        self.directory = directory
+        self.data = os.path.join(directory, "data")
+        self.port = port
+        self.conf = conf
+        self.host = host
+
+    def init(self):
+        """initdb, configure and start."""
+        self.make_directory()
+        as_postgres(f"{BIN}/initdb", "-D", self.data, "-A", "trust", "-U", "postgres",
+                    "--no-sync")
+        self.configure()
+        self.ctl("start")
+
+    def make_directory(self):
+        os.makedirs(self.directory)
+        subprocess.run(["chown", "-R", "postgres:postgres", self.directory], check=True)
+
+    def configure(self):
+        """Appends the server's settings (later lines win over a copied primary's)."""
+        with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
+            f.write(f"""
+listen_addresses = '{self.host or ''}'
+port = {self.port}
+unix_socket_directories = '{self.directory}'
+{self.conf}
+""")
+
+    def ctl(self, action, *extra):
+        as_postgres(f"{BIN}/pg_ctl", "-D", self.data, "-l", os.path.join(self.directory, "log"),
+                    "-w", action, *extra)
+
+    def address(self):
+        """libpq keywords that reach the server."""
+        return {"host": self.host or self.directory, "port": self.port}
+
+    def connect(self, dbname="postgres", user="postgres", autocommit=True):
+        conn = psycopg2.connect(dbname=dbname, user=user, **self.address())
+        conn.autocommit = autocommit
+        return conn
+
+    def log(self):
+        try:
+            with open(os.path.join(self.directory, "log")) as f:
+                return f.read()
+        except OSError:
+            return ""
 
 
 def pg_ctlcluster(action, *extra):

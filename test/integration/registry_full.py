@@ -7,13 +7,21 @@ is decided on the real clock: a session whose pg_throttle.test_clock is far in
 the future, in another database, does not evict anyone's entries; and a sweep
 on the real clock never evicts a test clock's entry that is in force on the
 test clock.
+
+Queue groups' leases have room of their own beside max_entries (100 here) and
+count against no quota: a role at its quota of take() keys, or a registry full
+of other roles' entries, still claims its groups, one worker per group; when
+that room is full of leases in force, claim_group fails with 53200.
 """
 import os
 import sys
+import threading
 import time
 
+import psycopg2
+
 sys.path.insert(0, os.path.dirname(__file__))
-from pgconn import connect, sql_error  # noqa: E402
+from pgconn import connect, most_at_once, one, sql_error  # noqa: E402
 from tap import Tap  # noqa: E402
 
 CAPACITY = 100
@@ -81,7 +89,7 @@ def test_clock_apart(tap, conn, cur):
 
 
 def main():
-    tap = Tap(28)
+    tap = Tap(39)
     conn = connect()
     cur = conn.cursor()
     cur.execute("CREATE EXTENSION IF NOT EXISTS pg_throttle")
@@ -144,8 +152,149 @@ def main():
     tap.is_(allowed(cur, "full.new-bucket.", "1 hour"), 50, "full buckets were reclaimed for 50 new ones")
     tap.is_(allowed(cur, "full.counting.", "1 hour"), 0, "no counting bucket was dropped: all 50 still deny")
     test_clock_apart(tap, conn, cur)
+    clear(cur)
+    try:
+        group_leases(tap, conn)
+    except psycopg2.Error as e:
+        tap.ok(False, f"the group leases' steps ran: {e}")
     conn.close()
     tap.done()
+
+
+WORKER = "rf_worker"
+RUN = f"rf{os.getpid()}."  # queue names of this run: a run again finds none of its events
+GROUP_ROOM = 100  # a tenth of max_entries, at least 100
+
+
+def as_worker(role_quota=None):
+    """A session of the worker's role; `role_quota`: the quota a superuser sets for it."""
+    conn = connect()
+    if role_quota is not None:
+        conn.cursor().execute("SET pg_throttle.role_quota = %s", (role_quota,))
+    conn.cursor().execute(f"SET ROLE {WORKER}")
+    return conn
+
+
+def claim(conn, queue, worker):
+    """claim_group's events as (ids, token, group_key); ([], None, None) when none."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT id, claim_token, group_key FROM throttle.claim_group(%s, %s, "
+                    "'1 minute')", (queue, worker))
+        found = cur.fetchall()
+    if not found:
+        return [], None, None
+    return [r[0] for r in found], found[0][1], found[0][2]
+
+
+def schedule(conn, queue, groups, per_group=1):
+    conn.cursor().execute(
+        "SELECT count(throttle.schedule(%s, 'i' || g || '.' || n, now() - interval '1 second', "
+        "group_key => 'g' || g)) FROM generate_series(1, %s) g, generate_series(1, %s) n",
+        (queue, groups, per_group))
+
+
+def race(conn, queue):
+    """4 workers drain 8 groups of 8 events one event at a time; the spans from a claim's
+    answer to its completion, per group."""
+    schedule(conn, queue, 8, 8)
+    spans, errors, lock = {}, [], threading.Lock()
+
+    def work(n):
+        worker = as_worker()
+        try:
+            idle = 0
+            while idle < 20:
+                ids, token, group = claim(worker, queue, f"w{n}")
+                if not ids:
+                    idle += 1
+                    time.sleep(0.02)
+                    continue
+                idle = 0
+                start = time.monotonic()
+                time.sleep(0.002)
+                end = time.monotonic()
+                worker.cursor().execute("SELECT throttle.complete(%s, %s)", (ids, token))
+                with lock:
+                    spans.setdefault(group, []).append((start, end))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+        finally:
+            worker.close()
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return spans, errors
+
+
+def group_leases(tap, conn):
+    cur = conn.cursor()
+    cur.execute(f"DROP ROLE IF EXISTS {WORKER}; CREATE ROLE {WORKER}")
+    worker = as_worker(role_quota=50)
+    # The worker's own take() keys fill its quota (50% of 100).
+    taken = one(worker, "SELECT count(*) FILTER (WHERE throttle.allow('rf.key.' || g, 1, "
+                        "'1 hour', 1)) FROM generate_series(1, 50) g")[0]
+    err = sql_error(worker, "SELECT throttle.allow('rf.key.51', 1, '1 hour', 1)")
+    tap.ok(taken == 50 and err is not None and err[0] == "53400",
+           "the worker's role holds its quota of take() keys (50, then 53400)", repr(err))
+    schedule(worker, RUN + "own", 1)
+    ids, token, _ = claim(worker, RUN + "own", "w1")
+    tap.is_(len(ids), 1, "claim_group still claims a group for a role at its quota")
+    tap.is_(one(worker, "SELECT throttle.complete(%s, %s)", (ids, token))[0], 1,
+            "and completes it")
+    worker.close()
+    clear(cur)
+
+    # Other roles' entries fill max_entries (a superuser lifts its quotas).
+    cur.execute("SET pg_throttle.role_quota = 100; SET pg_throttle.database_quota = 100")
+    tap.is_(grants(cur, "rf.fill.", 1, 100, "1 hour"), 100, "another role's entries fill the registry")
+    err = sql_error(conn, "SELECT throttle.acquire('rf.fill.extra', '1 hour')")
+    tap.ok(err is not None and err[0] == "53200", "a 101st entry: 53200", repr(err))
+    worker = as_worker()
+    schedule(worker, RUN + "full", 2)
+    first = claim(worker, RUN + "full", "w1")
+    other = as_worker()
+    second = claim(other, RUN + "full", "w2")
+    tap.ok(len(first[0]) == 1 and len(second[0]) == 1 and first[2] != second[2],
+           "in a full registry two workers claim the two groups", repr((first, second)))
+    schedule(worker, RUN + "full", 2)  # one more due event in each held group
+    third = claim(other, RUN + "full", "w3")
+    tap.is_(third[0], [], "a group held by one worker is not handed to another")
+    for ids, token, _ in (first, second):
+        worker.cursor().execute("SELECT throttle.complete(%s, %s)", (ids, token))
+    worker.close()
+    other.close()
+
+    spans, errors = race(conn, RUN + "race")
+    done = one(conn, "SELECT count(*) FROM throttle.event_history WHERE queue = %s "
+                     "AND state = 'done'", (RUN + "race",))[0]
+    tap.ok(not errors and done == 64, f"4 workers completed the 64 events of 8 groups in a full "
+           f"registry ({done})", "\n".join(errors[:5]))
+    tap.is_(max((most_at_once(s) for s in spans.values()), default=0), 1,
+            "no group was ever held by two workers at once")
+
+    # The room for leases is its own, and bounded.
+    worker = as_worker()
+    schedule(worker, RUN + "many", GROUP_ROOM + 1)
+    held = []
+    error = None
+    for n in range(GROUP_ROOM + 1):
+        try:
+            held.append(claim(worker, RUN + "many", f"w{n}"))
+        except Exception as e:  # noqa: BLE001 - the last one
+            error = e
+            break
+    tap.ok(len(held) == GROUP_ROOM and all(h[0] for h in held),
+           f"{GROUP_ROOM} groups held at once in a full registry ({len(held)})")
+    tap.ok(error is not None and getattr(error, "pgcode", None) == "53200",
+           "one more lease than its room: 53200", repr(error))
+    for ids, token, _ in held:
+        worker.cursor().execute("SELECT throttle.complete(%s, %s)", (ids, token))
+    worker.close()
+    clear(cur)
+    cur.execute("RESET pg_throttle.role_quota; RESET pg_throttle.database_quota")
 
 
 if __name__ == "__main__":

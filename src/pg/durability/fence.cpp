@@ -156,6 +156,37 @@ void fence_reserve_ahead() {
     atomic_raise(&fence->limit, new_limit);
 }
 
+int64 fence_advance_past(int64 past) {
+    // Under the lock that orders writers of the limit: the limit is raised
+    // (durably, then in shared memory) before the counter, so fence_next
+    // never hands out a token above a limit not yet durable.
+    LWLockAcquire(extend_lock, LW_EXCLUSIVE);
+    const int64 limit = load(&fence->limit);
+    if (past <= limit) {
+        // The limit in shared memory is durable and on the synchronous
+        // standbys already: after a crash or a promotion the counter resumes
+        // at it, above `past`.
+        LWLockRelease(extend_lock);
+        atomic_raise(&fence->last_token, past);
+        return fence_last();
+    }
+    // As fence_reserve_ahead: WAL first, then the file; a block above `past`
+    // so that the next grants need no write.
+    const int64 new_limit = past + kBlock;
+    const XLogRecPtr lsn = wal_log_fence_limit(new_limit);
+    XLogFlush(lsn);
+    const bool written = write_limit_file(new_limit, LOG);
+    LWLockRelease(extend_lock);
+    if (!written) {
+        ereport(ERROR, (errcode(ERRCODE_IO_ERROR),
+                        errmsg("could not make the advanced fence limit durable")));
+    }
+    wait_for_sync_standbys(lsn);
+    atomic_raise(&fence->limit, new_limit);
+    atomic_raise(&fence->last_token, past);
+    return fence_last();
+}
+
 int64 fence_next() {
     const int64 token = __atomic_add_fetch(&fence->last_token, 1, __ATOMIC_ACQ_REL);
     return token <= load(&fence->limit) ? token : 0;

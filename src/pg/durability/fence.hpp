@@ -42,6 +42,19 @@ bool fence_tokens_were_issued();
 // write WAL) and when the wait for standbys is cancelled.
 void fence_reserve_ahead();
 
+// The most `past` may be in fence_advance_past: tokens keep room to grow
+// (2^62, a hundred thousand years of a million grants a second).
+constexpr int64 kFenceAdvanceMax = int64{1} << 62;
+
+// Makes every later token greater than `past` (0 <= past <=
+// kFenceAdvanceMax), durably: a limit above it is written to WAL, flushed,
+// written to the file and waited for by the synchronous standbys before the
+// counter moves, so a crash or a promotion also continues above it. Returns
+// the floor: every later token is greater. Call it with no LWLock held, not
+// during recovery; raises an error when the limit cannot be made durable or
+// the wait for standbys is cancelled (the counter is then unchanged).
+int64 fence_advance_past(int64 past);
+
 // The next token, strictly greater than every token returned before; 0 when
 // the durable block is used up (the caller reserves and tries again).
 int64 fence_next();
