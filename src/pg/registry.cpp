@@ -716,13 +716,24 @@ ClearResult registry_clear(const RegistryKey& key, bool create_if_absent) {
             return ClearResult::kAbsent;
         }
         if (entry == nullptr) {
-            // Counted against the operator's role, whatever its quota: a
-            // reset makes room for nobody else's grants.
-            (void)quota_charge(role, key.dbid, false);
+            // Counted against the operator's role, whatever its quota (a
+            // reset makes room for nobody else's grants), within the room of
+            // its pool.
+            const QuotaPool pool = pool_of(key);
+            switch (quota_charge(pool, role, key.dbid, true)) {
+                case QuotaCheck::kFull:
+                    return ClearResult::kFull;
+                case QuotaCheck::kRoleQuota:
+                case QuotaCheck::kDatabaseQuota:
+                    (void)quota_charge(pool, role, key.dbid, false);
+                    break;
+                case QuotaCheck::kOk:
+                    break;
+            }
             entry = static_cast<RegistryEntry*>(
                 hash_search_with_hash_value(registry, &key, hash, HASH_ENTER_NULL, nullptr));
             if (entry == nullptr) {
-                quota_uncharge(role, key.dbid);
+                quota_uncharge(pool, role, key.dbid);
                 return ClearResult::kFull;
             }
             link_entry(partition, entry);
@@ -752,7 +763,7 @@ ClearResult registry_clear(const RegistryKey& key, bool create_if_absent) {
 }
 
 void registry_raise_full() {
-    raise_full();
+    raise_full(QuotaPool::kShared);
 }
 
 void registry_mark_unknown_since(EntryKind kind, core::Micros restart) {
