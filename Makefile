@@ -12,7 +12,7 @@ DATA_built = $(EXTENSION)--$(EXTVERSION).sql
 # The upgrade scripts from earlier versions, written by hand.
 DATA       = $(wildcard src/sql/upgrade/$(EXTENSION)--*--*.sql)
 
-REGRESS      = acquire bad_input status other_database reinstall rate locks queue reset
+REGRESS      = acquire bad_input status other_database reinstall rate locks queue queue_metrics reset
 REGRESS_OPTS = --load-extension=pg_throttle
 
 PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-register -Wno-missing-field-initializers \
