@@ -46,6 +46,8 @@ main)
         status=1
     run_suite security prove prove --verbose test/integration/security.py || status=1
     run_suite dump-restore prove prove --verbose test/integration/dump_restore.py || status=1
+    run_suite least-privilege prove prove --verbose test/integration/least_privilege.py ||
+        status=1
     run_suite readme prove prove --verbose test/integration/readme_examples.py || status=1
     run_suite version-features prove prove --verbose test/integration/version_features.py ||
         status=1
