@@ -9,10 +9,13 @@ PG_SRCS   = $(sort $(wildcard src/pg/*.cpp src/pg/*/*.cpp))
 MODULE_big = pg_throttle
 OBJS       = $(CORE_SRCS:.cpp=.o) $(PG_SRCS:.cpp=.o)
 DATA_built = $(EXTENSION)--$(EXTVERSION).sql
-# The upgrade scripts from earlier versions, written by hand.
-DATA       = $(wildcard src/sql/upgrade/$(EXTENSION)--*--*.sql)
+# The upgrade scripts from earlier versions, written by hand, and the install
+# scripts of released versions whose dumps restore only into that version
+# (README, Upgrading), as they were released.
+DATA       = $(wildcard src/sql/upgrade/$(EXTENSION)--*--*.sql) \
+             $(wildcard src/sql/releases/$(EXTENSION)--*.sql)
 
-REGRESS      = acquire bad_input status other_database reinstall rate locks queue reset
+REGRESS      = acquire bad_input status other_database reinstall rate locks queue queue_metrics reset
 REGRESS_OPTS = --load-extension=pg_throttle
 
 PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-register -Wno-missing-field-initializers \

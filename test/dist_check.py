@@ -30,6 +30,9 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 EXTENSION = "pg_throttle"
 PG_CONFIG = os.environ.get("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config")
 UPGRADE = re.compile(rf"^src/sql/upgrade/({EXTENSION}--([^-]+)--([^-]+)\.sql)$")
+# Install scripts of released versions, shipped as released so that their
+# dumps restore into them (README, Upgrading).
+RELEASED = re.compile(rf"^src/sql/releases/({EXTENSION}--[^-]+\.sql)$")
 
 
 def git(*args, **kwargs):
@@ -98,15 +101,18 @@ def run(cmd, cwd, env=None):
 
 def check_stage(tap, how, stage, version, upgrades, release):
     """The staged tree holds the module, the control file, the install script of
-    `version` and every upgrade script of the release, and nothing else."""
+    `version`, every upgrade script of the release and the released versions'
+    install scripts it ships, and nothing else."""
+    released = {m.group(1): release[m.group(0)] for m in map(RELEASED.match, release) if m}
     pkglib = stage + pg_config("--pkglibdir")
     ext_dir = stage + os.path.join(pg_config("--sharedir"), "extension")
     want = {os.path.join(pkglib, f"{EXTENSION}.so"), os.path.join(ext_dir, f"{EXTENSION}.control"),
             os.path.join(ext_dir, f"{EXTENSION}--{version}.sql")}
-    want.update(os.path.join(ext_dir, name) for name in upgrades)
+    want.update(os.path.join(ext_dir, name) for name in list(upgrades) + list(released))
     have = {os.path.join(d, f) for d, _, fs in os.walk(stage) for f in fs}
     tap.is_(sorted(have), sorted(want), f"{how}: the staged tree is the module, the control file, "
-            f"the {version} install script and the {len(upgrades)} upgrade script(s)")
+            f"the {version} install script, the {len(upgrades)} upgrade script(s) and the "
+            f"{len(released)} released install script(s)")
 
     def read(path):
         return open(path, "rb").read() if os.path.exists(path) else b""
@@ -118,7 +124,9 @@ def check_stage(tap, how, stage, version, upgrades, release):
            f"{how}: the staged control file and module both carry {version}",
            f"control default_version: {default_version(control)!r}")
     same = [name for name in upgrades if read(os.path.join(ext_dir, name)) == release[f"src/sql/upgrade/{name}"]]
-    tap.is_(same, list(upgrades), f"{how}: every staged upgrade script is the release's own")
+    same += [name for name, text in sorted(released.items()) if read(os.path.join(ext_dir, name)) == text]
+    tap.is_(same, list(upgrades) + sorted(released),
+            f"{how}: every staged upgrade and released install script is the release's own")
 
 
 def main():

@@ -11,7 +11,7 @@
 #   restart        pg_throttle preloaded, on a cluster the suite restarts (and crashes) itself
 #   failover       pg_throttle preloaded, a standby of it promoted after the primary stops
 #   upgrade        pg_throttle preloaded, on a cluster the suite restarts after installing
-#                  0.1.0 (built from the git history) and then the current version
+#                  0.1.0 and 0.2.0 (built from the git history) and then the current version
 #   not-preloaded  pg_throttle installed but not in shared_preload_libraries
 #   soak           two clusters of its own (primary, synchronous standby) that the
 #                  fault-injection soak test crashes, restarts and fails over
@@ -49,6 +49,8 @@ main)
     run_suite dump-restore prove prove --verbose test/integration/dump_restore.py || status=1
     # Servers of its own (old, new and a standby), on Unix sockets only.
     run_suite fence-migration prove prove --verbose test/integration/fence_migration.py ||
+        status=1
+    run_suite least-privilege prove prove --verbose test/integration/least_privilege.py ||
         status=1
     run_suite readme prove prove --verbose test/integration/readme_examples.py || status=1
     run_suite version-features prove prove --verbose test/integration/version_features.py ||

@@ -10,10 +10,19 @@ int role_quota_percent = 50;
 int database_quota_percent = 75;
 int64 max_entries_seen = 0;
 int64 pool_room[2] = {0, 0};  // by QuotaPool
+// The postmaster's own settings, kept by its assign hooks (a backend's differ
+// once role and database settings apply) and published in shared memory.
+int postmaster_role_percent = 50;
+int postmaster_database_percent = 75;
 
 struct QuotaShared {
     int64 entries[2];  // by QuotaPool
     uint32 capacity;   // slots per table; the role table, then the database table, follow
+    // The server's quotas, in percent: the postmaster's settings (its
+    // configuration files and command line), which a session has unless a
+    // role or database setting overrides them. Written by the postmaster.
+    pg_atomic_uint32 server_role_percent;
+    pg_atomic_uint32 server_database_percent;
 };
 static_assert(std::is_trivially_copyable_v<QuotaShared>);
 
@@ -41,6 +50,24 @@ const char* role_name_or_oid(Oid role, char* buffer, size_t size) {
     return buffer;
 }
 
+void publish_role_percent(int percent, void* /*extra*/) {
+    if (!IsUnderPostmaster) {
+        postmaster_role_percent = percent;
+        if (shared != nullptr) {
+            pg_atomic_write_u32(&shared->server_role_percent, static_cast<uint32>(percent));
+        }
+    }
+}
+
+void publish_database_percent(int percent, void* /*extra*/) {
+    if (!IsUnderPostmaster) {
+        postmaster_database_percent = percent;
+        if (shared != nullptr) {
+            pg_atomic_write_u32(&shared->server_database_percent, static_cast<uint32>(percent));
+        }
+    }
+}
+
 }  // namespace
 
 void quota_define_gucs() {
@@ -49,12 +76,13 @@ void quota_define_gucs() {
         "Most registry entries one role may hold, in percent of pg_throttle.max_entries.",
         "Counted server-wide over every database. A superuser may give a role more with "
         "ALTER ROLE ... SET.",
-        &role_quota_percent, 50, 1, 100, PGC_SUSET, 0, nullptr, nullptr, nullptr);
+        &role_quota_percent, 50, 1, 100, PGC_SUSET, 0, nullptr, publish_role_percent, nullptr);
     DefineCustomIntVariable(
         "pg_throttle.database_quota",
         "Most registry entries one database may hold, in percent of pg_throttle.max_entries.",
         "A superuser may give a database more with ALTER DATABASE ... SET.",
-        &database_quota_percent, 75, 1, 100, PGC_SUSET, 0, nullptr, nullptr, nullptr);
+        &database_quota_percent, 75, 1, 100, PGC_SUSET, 0, nullptr, publish_database_percent,
+        nullptr);
 }
 
 int64 quota_group_lease_room(int max_entries) {
@@ -82,6 +110,10 @@ void quota_attach_shmem(int max_entries, LWLock* lock) {
     if (!found) {
         memset(base, 0, size);
         shared->capacity = core::owner_table_capacity(max_entries);
+        pg_atomic_init_u32(&shared->server_role_percent,
+                           static_cast<uint32>(postmaster_role_percent));
+        pg_atomic_init_u32(&shared->server_database_percent,
+                           static_cast<uint32>(postmaster_database_percent));
     }
     role_counts = reinterpret_cast<core::OwnerCount*>(base + MAXALIGN(sizeof(QuotaShared)));
     database_counts = role_counts + shared->capacity;
@@ -191,6 +223,15 @@ int64 quota_role_limit() {
 
 int64 quota_database_limit() {
     return limit_of(database_quota_percent);
+}
+
+int quota_server_percent(bool role) {
+    return static_cast<int>(
+        pg_atomic_read_u32(role ? &shared->server_role_percent : &shared->server_database_percent));
+}
+
+int64 quota_limit_of(int percent) {
+    return limit_of(percent);
 }
 
 }  // namespace pg_throttle::pg

@@ -60,5 +60,11 @@ int64 quota_usage(QuotaUsage* rows, int64 capacity);
 // The quotas, in entries, by the calling session's settings.
 int64 quota_role_limit();
 int64 quota_database_limit();
+// The server's pg_throttle.role_quota (`role`) or pg_throttle.database_quota,
+// in percent: its configuration files' and command line's, without the role
+// and database settings a session applies.
+int quota_server_percent(bool role);
+// A quota in percent, in entries (INT64_MAX at 100: no quota).
+int64 quota_limit_of(int percent);
 
 }  // namespace pg_throttle::pg

@@ -4,6 +4,7 @@
 // of pg_read_all_stats: others see the current database and the roles whose
 // privileges they have.
 #include "pg/registry.hpp"
+#include "pg/quota_settings.hpp"
 #include "pg/registry_quota.hpp"
 
 #include "pg/arguments.hpp"
@@ -39,8 +40,6 @@ Datum registry_usage(FunctionCallInfo fcinfo) {
         pfree(rows);
         capacity = count + count / 4 + 64;
     }
-    const int64 role_limit = quota_role_limit();
-    const int64 database_limit = quota_database_limit();
     const Oid viewer = GetUserId();
     const bool sees_all = has_privs_of_role(viewer, ROLE_PG_READ_ALL_STATS);
     for (int64 i = 0; i < count; i++) {
@@ -60,8 +59,11 @@ Datum registry_usage(FunctionCallInfo fcinfo) {
         }
         values[0] = CStringGetTextDatum(row.is_role ? "role" : "database");
         values[2] = Int64GetDatum(row.entries);
-        // The quota as it applies to the calling session's settings.
-        const int64 limit = row.is_role ? role_limit : database_limit;
+        // The quota that applies to the row's role (its sessions in this
+        // database) or database, by the stored settings, not the viewer's.
+        const int64 limit =
+            quota_limit_of(row.is_role ? quota_percent_for(MyDatabaseId, row.owner, true)
+                                       : quota_percent_for(row.owner, InvalidOid, false));
         values[3] = Int64GetDatum(limit);
         nulls[3] = limit == std::numeric_limits<int64>::max();  // 100%: no quota
         tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);

@@ -196,7 +196,7 @@ RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'pg_throttle_registry_usage'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION throttle.registry_usage() IS
-    'How many registry entries each role and each database holds (all of them for superusers and pg_read_all_stats; else this database and the roles whose privileges the caller has); see the view throttle.usage.';
+    'How many registry entries each role and each database holds, and its quota: the one its own settings give it (ALTER ROLE, ALTER DATABASE ... SET, the server''s configuration), not the caller''s (all rows for superusers and pg_read_all_stats; else this database and the roles whose privileges the caller has); see the view throttle.usage.';
 
 CREATE VIEW throttle.usage AS
     SELECT scope, name, entries, quota,
@@ -204,7 +204,7 @@ CREATE VIEW throttle.usage AS
                AS percent_of_registry
     FROM throttle.registry_usage();
 COMMENT ON VIEW throttle.usage IS
-    'One row per role (scope ''role'') and per database (scope ''database'') holding registry entries, server-wide: how many, the quota that applies (pg_throttle.role_quota or pg_throttle.database_quota, in entries, by the viewing session''s settings; NULL at 100: no quota) and the share of pg_throttle.max_entries used.';
+    'One row per role (scope ''role'') and per database (scope ''database'') holding registry entries, server-wide: how many, the quota that applies to it (pg_throttle.role_quota for a role''s sessions in this database, pg_throttle.database_quota for the database, in entries, by the settings ALTER ROLE and ALTER DATABASE ... SET stored and the server''s configuration, not by the viewer''s; NULL at 100: no quota) and the share of pg_throttle.max_entries used.';
 GRANT SELECT ON throttle.usage TO PUBLIC;
 
 --

@@ -139,6 +139,19 @@ COMMENT ON VIEW throttle.all_events IS
     'Every event in any state: throttle.event (pending, claimed, dead) and throttle.event_history (done, cancelled), every column but the claim token.';
 GRANT SELECT ON throttle.all_events TO PUBLIC;
 
+-- The dead events, for operators: throttle.event's claim_token is not
+-- granted, so SELECT * on the table is refused to all but its owner.
+CREATE VIEW throttle.dead_events AS
+    SELECT e.id, e.queue, e.item_key, e.group_key, e.payload, e.run_at, e.state, e.attempts,
+           e.max_attempts, e.enqueued_at, e.enqueued_by, e.claimed_at, e.claimed_by,
+           e.lease_until, e.completed_at, e.completed_by, e.cancelled_at, e.last_error,
+           e.claimed_role, e.priority, e.failed_at, e.cancelled_by, e.concurrency_key
+    FROM throttle.event e
+    WHERE e.state = 'dead';
+COMMENT ON VIEW throttle.dead_events IS
+    'The dead events (max_attempts used up), every column but the claim token: completed_at is when it died, last_error why. throttle.retry brings one back, throttle.purge deletes them when asked.';
+GRANT SELECT ON throttle.dead_events TO PUBLIC;
+
 CREATE TABLE throttle.event_attempt (
     id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     event_id      bigint NOT NULL,
@@ -983,7 +996,12 @@ REVOKE EXECUTE ON FUNCTION throttle.purge(interval, text, text[]) FROM PUBLIC;
 -- What an operator graphs and alerts on, per queue of this database
 -- (monitoring/queries.yaml).
 --
+-- throttle.now() is read once, in a CTE (a volatile one is always
+-- materialized): joined as a subquery, a plan that rescans it per event (a
+-- nested loop with the events outside) gave each event its own now, and a
+-- queue as many rows as distinct instants.
 CREATE VIEW throttle.queue_metrics AS
+    WITH n AS MATERIALIZED (SELECT throttle.now() AS now)
     SELECT e.queue,
            count(*) FILTER (WHERE e.state = 'pending' AND e.run_at <= n.now) AS due,
            count(*) FILTER (WHERE e.state = 'pending' AND e.run_at > n.now) AS scheduled,
@@ -993,7 +1011,7 @@ CREATE VIEW throttle.queue_metrics AS
            coalesce(extract(epoch FROM n.now - min(e.run_at) FILTER (
                WHERE e.state = 'pending' AND e.run_at <= n.now)), 0)::double precision
                AS oldest_due_seconds
-    FROM throttle.event e CROSS JOIN (SELECT throttle.now() AS now) n
+    FROM throttle.event e CROSS JOIN n
     GROUP BY e.queue, n.now;
 COMMENT ON VIEW throttle.queue_metrics IS
     'One row per queue of this database with events in throttle.event: events due (pending, run_at passed; some may wait behind a claimed run of their item_key or a held group), scheduled for later, claimed, claimed whose lease has ended (a worker died or stalled; the next claim takes them over), dead, and the age in seconds of the oldest due event (0 when none is due). Reads the whole of throttle.event: scrape it every few seconds, not in a loop. Readable by everyone, as throttle.event is.';

@@ -9,6 +9,7 @@ where they were: a new event or attempt never collides with a restored one.
 import os
 import subprocess
 import sys
+import tempfile
 
 import psycopg2
 
@@ -17,6 +18,9 @@ from pgconn import connect, one  # noqa: E402
 from tap import Tap  # noqa: E402
 
 SOURCE, TARGET = "pgt_dump_source", "pgt_dump_target"
+OLD_SOURCE, OLD_TARGET = "pgt_dump_010", "pgt_restore_010"
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+OLD_RESTORE_MARK = "CREATE EXTENSION pg_throttle VERSION '0.1.0'"
 CLOCK = "2032-03-01 12:00:00+00"
 SNAPSHOTS = {
     "events": "SELECT md5(string_agg(e::text, '|' ORDER BY id)) FROM throttle.all_events e",
@@ -57,12 +61,80 @@ def fill(conn):
     # ids[4:6] stay claimed.
 
 
+def old_restore_procedure():
+    """The README's restore of a 0.1.0 dump (Upgrading): its sh block, less the
+    first line, which names the database and the file."""
+    lines = open(os.path.join(ROOT, "README.md")).read().splitlines()
+    start = next(i for i, line in enumerate(lines)
+                 if line.strip() == "```sh" and OLD_RESTORE_MARK in "\n".join(lines[i:i + 5]))
+    end = next(j for j in range(start + 1, len(lines)) if lines[j].strip() == "```")
+    assert lines[start + 1].startswith("db=")
+    return "\n".join(lines[start + 2:end]) + "\n"
+
+
+def restore_010(tap, admin):
+    """A 0.1.0 database (the install script shipped for restores), with events
+    in every state of 0.1.0 and a grant on purge, dumped and restored by the
+    README's procedure."""
+    for db in (OLD_SOURCE, OLD_TARGET):
+        admin.cursor().execute(f"DROP DATABASE IF EXISTS {db}")
+    admin.cursor().execute(f"CREATE DATABASE {OLD_SOURCE}")
+    admin.cursor().execute("DROP ROLE IF EXISTS pgt_dump_purger")
+    admin.cursor().execute("CREATE ROLE pgt_dump_purger")
+    old = connect(dbname=OLD_SOURCE)
+    cur = old.cursor()
+    cur.execute("CREATE EXTENSION pg_throttle VERSION '0.1.0'")
+    cur.execute("INSERT INTO throttle.resource (name, every) VALUES ('nightly', '1 day')")
+    for key, when in [("pending", "1 hour"), ("done", "-1 hour"), ("dead", "-2 hours"),
+                      ("cancelled", "1 hour"), ("claimed", "-3 hours")]:
+        cur.execute("SELECT throttle.schedule('mail', %s, now() + %s::interval, max_attempts => 1)",
+                    (key, when))
+    cur.execute("SELECT throttle.cancel('mail', 'cancelled')")
+    for key in ("claimed", "dead", "done"):   # the oldest due first
+        cur.execute("SELECT id FROM throttle.claim('mail', 'w', '1 hour')")
+        event = cur.fetchone()[0]
+        if key == "done":
+            cur.execute("SELECT throttle.complete(ARRAY[%s]::bigint[], 'w')", (event,))
+        elif key == "dead":
+            cur.execute("SELECT throttle.fail(ARRAY[%s]::bigint[], 'w', 'boom')", (event,))
+    cur.execute("GRANT EXECUTE ON FUNCTION throttle.purge(interval) TO pgt_dump_purger")
+    before = sorted(fetch_all(old, "SELECT item_key, state, attempts FROM throttle.event"))
+    old.close()
+    with tempfile.TemporaryDirectory() as work:
+        os.chmod(work, 0o777)
+        dump = os.path.join(work, "app-0.1.0.dump")
+        subprocess.run(["pg_dump", "-Fc", "-d", OLD_SOURCE, "-f", dump], check=True)
+        done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", old_restore_procedure()], cwd=work,
+                              env=dict(os.environ, db=OLD_TARGET, dump=dump), capture_output=True, text=True)
+    tap.is_(done.returncode, 0, "the README's restore of a 0.1.0 dump runs as written" +
+            (f": {done.stderr.strip()[:400]}" if done.returncode else ""))
+    target = connect(dbname=OLD_TARGET)
+    tap.is_((one(target, "SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle'")[0],
+             sorted(fetch_all(target, "SELECT item_key, state, attempts FROM throttle.all_events"))),
+            (one(admin, "SELECT default_version FROM pg_available_extensions WHERE name = 'pg_throttle'")[0],
+             before),
+            "it reaches the current version with every event of the dump, done and cancelled ones included")
+    tap.ok(one(target, "SELECT has_function_privilege('pgt_dump_purger', "
+                       "'throttle.purge(interval, text, text[])', 'EXECUTE')")[0],
+           "the grant on purge made under 0.1.0 is carried over to the new purge")
+    target.close()
+    for db in (OLD_SOURCE, OLD_TARGET):
+        admin.cursor().execute(f"DROP DATABASE IF EXISTS {db}")
+    admin.cursor().execute("DROP ROLE pgt_dump_purger")
+
+
+def fetch_all(conn, sql):
+    with conn.cursor() as cur:
+        cur.execute(sql)
+        return cur.fetchall()
+
+
 def snapshot(conn):
     return {name: one(conn, sql)[0] for name, sql in SNAPSHOTS.items()}
 
 
 def main():
-    tap = Tap(13)
+    tap = Tap(16)
     admin = connect()
     for db in (SOURCE, TARGET):
         admin.cursor().execute(f"DROP DATABASE IF EXISTS {db}")
@@ -108,6 +180,7 @@ def main():
         conn.close()
     for db in (SOURCE, TARGET):
         admin.cursor().execute(f"DROP DATABASE {db}")
+    restore_010(tap, admin)
     admin.close()
     tap.done()
 

@@ -50,10 +50,10 @@ def parse_metrics(text):
     return series
 
 
-def value(series, name, **labels):
-    """The value of the one series `name` whose labels include `labels`."""
+def value(series, metric, **labels):
+    """The value of the one series `metric` whose labels include `labels`."""
     found = [v for (n, ls), v in series.items()
-             if n == name and set(labels.items()) <= set(ls)]
+             if n == metric and set(labels.items()) <= set(ls)]
     return found[0] if len(found) == 1 else None
 
 
@@ -87,7 +87,7 @@ def registry_row(conn, kind):
 
 
 def main():
-    t = Tap(24)
+    t = Tap(26)
     admin = connect()
     run(admin, f"DROP ROLE IF EXISTS {ROLE}")
     run(admin, f"CREATE ROLE {ROLE} LOGIN PASSWORD '{PASSWORD}' IN ROLE pg_monitor")
@@ -195,6 +195,13 @@ def main():
     one(admin, "SELECT throttle.schedule('metrics_live', 'claimed', now() - interval '1 hour')")
     one(admin, "SELECT count(*) FROM throttle.claim('metrics_live', 'w', '1 minute')")
 
+    # Usage against quotas: a role with a quota of its own holds an entry.
+    run(admin, "ALTER ROLE throttle_metrics_plain SET pg_throttle.role_quota = 90")
+    plain = connect(user="throttle_metrics_plain", password="plain-secret")
+    one(admin, "SELECT throttle.reset('metrics:plain')")
+    one(plain, "SELECT throttle.acquire('metrics:plain', '1 hour')")
+    plain.close()
+
     # The real exporter, as the pg_monitor role, on loopback.
     port = free_port()
     host = os.environ.get("PGHOST", "localhost")
@@ -229,6 +236,18 @@ def main():
               "pg_throttle_registry_waiters{kind=lock} shows the waiter")
         t.is_(value(series, "pg_throttle_registry_capacity", kind="lock"),
               float(resource[2]), "pg_throttle_registry_capacity is max_entries")
+        usage = one(admin, "SELECT entries, quota FROM throttle.usage "
+                           "WHERE scope = 'role' AND name = 'throttle_metrics_plain'")
+        t.is_([value(series, f"pg_throttle_usage_{c}", scope="role", name="throttle_metrics_plain")
+               for c in ("entries", "quota")], [float(usage[0]), float(resource[2] * 90 // 100)],
+              "pg_throttle_usage_{entries,quota}{scope=role}: the role's entries and its own quota "
+              "(90%, not the exporter's 50%)")
+        database = one(admin, "SELECT entries, quota FROM throttle.usage "
+                              "WHERE scope = 'database' AND name = current_database()")
+        t.is_([value(series, f"pg_throttle_usage_{c}", scope="database",
+                     name=os.environ.get("PGDATABASE", "postgres")) for c in ("entries", "quota")],
+              [float(database[0]), float(database[1])],
+              "pg_throttle_usage_{entries,quota}{scope=database}: the database's")
         t.is_([value(series, f"pg_throttle_queue_{c}", queue="metrics_live") for c in
                ("due", "scheduled", "claimed", "dead")], [2.0, 1.0, 1.0, 0.0],
               "pg_throttle_queue_{due,scheduled,claimed,dead}{queue=metrics_live}")

@@ -219,6 +219,39 @@ def quotas(tap, admin):
                               "AND name = 'sec_alice'")[0][0]
     tap.ok(err is not None and err[0] == "53400" and more == max_entries * 60 // 100,
            f"ALTER ROLE ... SET pg_throttle.role_quota = 60 lets it hold {more} entries", repr(err))
+    # throttle.usage shows each row's own quota, whoever looks: the role's and
+    # the database's settings, a role's setting in one database only there,
+    # and the server's for the others (not the viewer's own settings).
+    admin.cursor().execute(f"ALTER ROLE sec_bob IN DATABASE {DB_B} SET pg_throttle.role_quota = 70")
+    admin.cursor().execute("ALTER ROLE sec_carol SET pg_throttle.role_quota = 30")
+    one(bob_a, "SELECT throttle.acquire('bob.quota-row', '1 minute')")
+    quota_sql = ("SELECT scope, name, quota FROM throttle.usage "
+                 "WHERE name IN ('sec_alice', 'sec_bob', %s) ORDER BY scope, name")
+    tap.is_(fetch_all(admin, quota_sql, (DB_B,)),
+            [("database", DB_B, max_entries * 90 // 100), ("role", "sec_alice", max_entries * 60 // 100),
+             ("role", "sec_bob", max_entries * 70 // 100)],
+            "throttle.usage shows each row's quota by the settings of its role and database "
+            "(a superuser whose own are the server's looks)")
+    carol_b, carol_a = as_role("sec_carol", DB_B), as_role("sec_carol", DB_A)
+    tap.is_(fetch_all(carol_b, quota_sql, (DB_B,)),
+            [("database", DB_B, max_entries * 90 // 100), ("role", "sec_bob", max_entries * 70 // 100)],
+            "a member of bob with a role_quota of its own sees bob's quota, not its own")
+    # The server's setting, changed by a reload: a session with settings of
+    # its own (carol's) shows it for bob, who has none in this database.
+    admin.cursor().execute("ALTER SYSTEM SET pg_throttle.role_quota = 40")
+    admin.cursor().execute("SELECT pg_reload_conf()")
+    seen = wait_until(lambda: fetch_all(carol_a, quota_sql, (DB_B,)) == [("role", "sec_bob", max_entries * 40 // 100)]
+                      and fetch_all(carol_a, quota_sql, (DB_B,)))
+    admin.cursor().execute("ALTER SYSTEM RESET pg_throttle.role_quota")
+    admin.cursor().execute("SELECT pg_reload_conf()")
+    tap.is_(seen, [("role", "sec_bob", max_entries * 40 // 100)],
+            "in another database, bob's quota is the server's (its configuration, reloaded): "
+            "his setting is for database B only")
+    wait_until(lambda: fetch_all(carol_a, quota_sql, (DB_B,)) == [("role", "sec_bob", max_entries // 2)])
+    for conn in (carol_a, carol_b):
+        conn.close()
+    admin.cursor().execute(f"ALTER ROLE sec_bob IN DATABASE {DB_B} RESET pg_throttle.role_quota")
+    admin.cursor().execute("ALTER ROLE sec_carol RESET pg_throttle.role_quota")
     admin.cursor().execute(f"ALTER DATABASE {DB_B} RESET pg_throttle.database_quota")
     admin.cursor().execute("ALTER ROLE sec_alice RESET pg_throttle.role_quota")
     # Once the entries have expired, they make room (reclaimed when needed).
@@ -383,7 +416,7 @@ def privileges(tap):
 
 
 def main():
-    tap = Tap(54)
+    tap = Tap(57)
     admin = connect()
     setup(admin)
     admin_a = superuser_in(DB_A)

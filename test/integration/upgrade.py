@@ -1,9 +1,10 @@
 #!/usr/bin/python3
-"""The upgrade path from 0.1.0: the released 0.1.0 is built from the git
-history and installed; a database is filled with events in every state,
-declared resources and registry state (an interval granted, a bucket
-drained, a lease held); then the current version is installed, the server
-restarted and ALTER EXTENSION pg_throttle UPDATE run. Nothing may be lost,
+"""The upgrade paths from 0.1.0 (through 0.2.0) and from 0.2.0: the released
+versions are built from the git history and installed in turn; a database of
+each is filled with events in every state, declared resources, registry state
+(an interval granted, a bucket drained, a lease held) and privileges an
+operator changed; then the current version is installed, the server
+restarted and ALTER EXTENSION pg_throttle UPDATE run in both. Nothing may be lost,
 every function must work, and the updated database must have exactly the
 objects of a fresh install (functions, tables, columns, indexes,
 constraints, views, comments, privileges).
@@ -23,6 +24,7 @@ from tap import Tap  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 OLD_DB, FRESH_DB = "upgrade_from_010", "upgrade_fresh"
+MID_DB, MID_FRESH_DB = "upgrade_from_020", "upgrade_fresh_020"
 
 
 def make(directory, *targets):
@@ -37,17 +39,16 @@ def release_source(version):
     or, in a copy without it, from build/releases/<version>.tar."""
     with open(os.path.join(ROOT, "test", "releases")) as f:
         commit = dict(line.split() for line in f if line.strip() and not line.startswith("#"))[version]
-    if os.path.isdir(os.path.join(ROOT, ".git")):
+    if os.path.exists(os.path.join(ROOT, ".git")):  # a directory, or a worktree's file
         return subprocess.run(["git", "-C", ROOT, "archive", commit], check=True, capture_output=True).stdout
     with open(os.path.join(ROOT, "build", "releases", version + ".tar"), "rb") as f:
         return f.read()
 
 
-def install_release(directory):
-    archive = release_source("0.1.0")
+def build_release(directory, version):
+    archive = release_source(version)
     subprocess.run(["tar", "-x", "-C", directory], input=archive, check=True)
     make(directory, "-j2")
-    make(directory, "install")
 
 
 def restart():
@@ -137,17 +138,73 @@ STATES_UPDATED = STATES.replace("throttle.event", "throttle.all_events")
 OPERATOR_ACL = {
     "throttle.claim_group(text, text, interval)": "throttle.claim_group(text, text, interval, integer)",
     "throttle.complete(bigint[], text)": "throttle.complete(bigint[], bigint)",
+    "throttle.purge(interval)": "throttle.purge(interval, text, text[])",
 }
+
+# What an operator changed under 0.2.0: a function taken from PUBLIC and given
+# to one role, an operator's function given to it, a view taken from PUBLIC
+# (one the update replaces) and given to it.
+OPERATOR_020 = [
+    "REVOKE EXECUTE ON FUNCTION throttle.claim(text, text, interval, integer) FROM PUBLIC",
+    "GRANT EXECUTE ON FUNCTION throttle.claim(text, text, interval, integer) TO pgt_upgrade_worker",
+    "GRANT EXECUTE ON FUNCTION throttle.purge(interval, text, text[]) TO pgt_upgrade_worker",
+    "REVOKE SELECT ON throttle.queue_metrics FROM PUBLIC",
+    "GRANT SELECT ON throttle.queue_metrics TO pgt_upgrade_worker",
+    "REVOKE EXECUTE ON FUNCTION throttle.registry_entries() FROM PUBLIC",
+]
+
+
+def fill_020(conn):
+    """0.2.0: events in every state (done and cancelled in the history), a
+    declared resource and bucket, registry state. Returns a lease's token."""
+    for sql in [
+        "INSERT INTO throttle.resource (name, every) VALUES ('nightly', '1 day')",
+        "INSERT INTO throttle.bucket (name, rate, per, burst) VALUES ('api', 10, '1 minute', 5)",
+        "SELECT throttle.schedule('mail', 'pending', now() + interval '1 hour')",
+        "SELECT throttle.schedule('mail', 'cancelled', now() + interval '1 hour')",
+        "SELECT throttle.cancel('mail', 'cancelled')",
+        "SELECT throttle.schedule('mail', k, now() - interval '1 minute', max_attempts => 1)"
+        " FROM unnest(ARRAY['claimed', 'dead', 'done']) k",
+    ]:
+        execute(conn, sql)
+    ids, token = one(conn, "SELECT array_agg(id ORDER BY item_key), min(claim_token)"
+                           " FROM throttle.claim('mail', 'worker-1', '1 hour', max => 3)")
+    execute(conn, "SELECT throttle.fail(%s, %s, 'boom')", (ids[1:2], token))      # dead
+    execute(conn, "SELECT throttle.complete(%s, %s)", (ids[2:3], token))          # done
+    one(conn, "SELECT throttle.acquire('nightly')")
+    one(conn, "SELECT throttle.take('api', 5)")
+    return one(conn, "SELECT throttle.lock('migration', ttl => '5 minutes')")[0]
+
+
+def catalog_difference(updated_conn, fresh_conn):
+    with updated_conn.cursor() as cur:
+        cur.execute(CATALOG)
+        updated = [r[0] for r in cur.fetchall()]
+    with fresh_conn.cursor() as cur:
+        cur.execute(CATALOG)
+        installed = [r[0] for r in cur.fetchall()]
+    only_updated = sorted(set(updated) - set(installed))
+    only_fresh = sorted(set(installed) - set(updated))
+    return (updated == installed and len(updated) > 50, len(installed),
+            "only after the update:\n" + "\n".join(only_updated) + "\nonly in a fresh install:\n"
+            + "\n".join(only_fresh))
 
 
 def main():
-    tap = Tap(19)
+    tap = Tap(28)
     admin = connect()
-    recreate(admin, OLD_DB)
-    recreate(admin, FRESH_DB)
-    with tempfile.TemporaryDirectory() as release:
+    for db in (OLD_DB, FRESH_DB, MID_DB, MID_FRESH_DB):
+        recreate(admin, db)
+    for role in ("pgt_upgrade_worker", "pgt_upgrade_other"):
+        execute(admin, f"DROP ROLE IF EXISTS {role}")
+        execute(admin, f"CREATE ROLE {role}")
+    with tempfile.TemporaryDirectory() as release, tempfile.TemporaryDirectory() as release_020:
+        # Both built before either is installed: the leases taken below
+        # must not run out while one compiles.
+        build_release(release, "0.1.0")
+        build_release(release_020, "0.2.0")
         try:
-            install_release(release)
+            make(release, "install")
             admin.close()
             admin = restart()
             old = connect(dbname=OLD_DB)
@@ -161,6 +218,23 @@ def main():
             tap.is_(sorted({row[0] for row in before}), ["cancelled", "claimed", "dead", "done", "pending"],
                     "it holds events in every state")
             old.close()
+            # 0.2.0, over it: the 0.1.0 database keeps running on its module.
+            make(release_020, "install")
+            admin.close()
+            admin = restart()
+            mid = connect(dbname=MID_DB)
+            execute(mid, "CREATE EXTENSION pg_throttle VERSION '0.2.0'")
+            tap.is_(one(mid, "SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle'")[0], "0.2.0",
+                    "0.2.0, built from the git history, is installed")
+            token_020 = fill_020(mid)
+            for sql in OPERATOR_020:
+                execute(mid, sql)
+            with mid.cursor() as cur:
+                cur.execute(STATES_UPDATED)
+                before_020 = cur.fetchall()
+            tap.is_(sorted({row[0] for row in before_020}), ["cancelled", "claimed", "dead", "done", "pending"],
+                    "it holds events in every state")
+            mid.close()
         finally:
             make(ROOT, "install")
     admin.close()
@@ -175,11 +249,9 @@ def main():
     tap.is_(one(old, "SELECT count(*) FROM throttle.claim_group('legacy', 'w', '1 minute')")[0], 1,
             "before the update, 0.1.0's claim_group works on the new module")
     execute(old, "ROLLBACK")
-    # An operator took claim_group and complete from PUBLIC and gave them to
-    # one role; the update, which gives both a new signature, keeps that.
-    for role in ("pgt_upgrade_worker", "pgt_upgrade_other"):
-        execute(admin, f"DROP ROLE IF EXISTS {role}")
-        execute(admin, f"CREATE ROLE {role}")
+    # An operator took claim_group and complete from PUBLIC and gave them and
+    # purge (which 0.1.0 had taken from PUBLIC) to one role; the update,
+    # which gives them new signatures, keeps that.
     for old_signature in OPERATOR_ACL:
         execute(old, f"REVOKE EXECUTE ON FUNCTION {old_signature} FROM PUBLIC")
         execute(old, f"GRANT EXECUTE ON FUNCTION {old_signature} TO pgt_upgrade_worker")
@@ -190,7 +262,7 @@ def main():
                       " has_function_privilege('pgt_upgrade_other', CAST(%s AS regprocedure), 'EXECUTE')",
                  (new, new)) for new in OPERATOR_ACL.values()],
             [(True, False)] * len(OPERATOR_ACL),
-            "claim_group and complete keep the privileges an operator gave them across the update")
+            "claim_group, complete and purge keep the privileges an operator gave them across the update")
     tap.is_(one(old, "SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle'")[0],
             one(admin, "SELECT default_version FROM pg_available_extensions WHERE name = 'pg_throttle'")[0],
             "ALTER EXTENSION pg_throttle UPDATE reaches the current version")
@@ -213,18 +285,8 @@ def main():
     for new_signature in OPERATOR_ACL.values():
         execute(fresh, f"REVOKE EXECUTE ON FUNCTION {new_signature} FROM PUBLIC")
         execute(fresh, f"GRANT EXECUTE ON FUNCTION {new_signature} TO pgt_upgrade_worker")
-    with old.cursor() as cur:
-        cur.execute(CATALOG)
-        updated = [r[0] for r in cur.fetchall()]
-    with fresh.cursor() as cur:
-        cur.execute(CATALOG)
-        installed = [r[0] for r in cur.fetchall()]
-    only_updated = sorted(set(updated) - set(installed))
-    only_fresh = sorted(set(installed) - set(updated))
-    tap.ok(updated == installed and len(updated) > 50,
-           f"the updated database has exactly the objects of a fresh install ({len(installed)})",
-           "only after the update:\n" + "\n".join(only_updated) + "\nonly in a fresh install:\n"
-           + "\n".join(only_fresh))
+    same, count, difference = catalog_difference(old, fresh)
+    tap.ok(same, f"the updated database has exactly the objects of a fresh install ({count})", difference)
 
     # Every queue function works on the updated events.
     tap.is_(one(old, "SELECT count(*) FROM throttle.claim_group('orders', 'worker-3', '1 minute')")[0], 1,
@@ -251,12 +313,50 @@ def main():
            " had started again at 1")
     old.close()
     fresh.close()
-    execute(admin, f"DROP DATABASE {OLD_DB}")
-    execute(admin, f"DROP DATABASE {FRESH_DB}")
+    from_020(tap, admin, token_020, before_020)
+    for db in (OLD_DB, FRESH_DB, MID_DB, MID_FRESH_DB):
+        execute(admin, f"DROP DATABASE {db}")
     for role in ("pgt_upgrade_worker", "pgt_upgrade_other"):
         execute(admin, f"DROP ROLE {role}")
     admin.close()
     tap.done()
+
+
+def from_020(tap, admin, token, before):
+    """The 0.2.0 database, updated to the current version."""
+    mid = connect(dbname=MID_DB)
+    execute(mid, "ALTER EXTENSION pg_throttle UPDATE")
+    tap.is_(one(mid, "SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle'")[0],
+            one(admin, "SELECT default_version FROM pg_available_extensions WHERE name = 'pg_throttle'")[0],
+            "from 0.2.0, ALTER EXTENSION pg_throttle UPDATE reaches the current version")
+    with mid.cursor() as cur:
+        cur.execute(STATES_UPDATED)
+        tap.is_(cur.fetchall(), before, "from 0.2.0, every event is as it was")
+    privileges = one(mid, "SELECT has_function_privilege('pgt_upgrade_worker', "
+                          "'throttle.claim(text, text, interval, integer)', 'EXECUTE'),"
+                          " has_function_privilege('pgt_upgrade_other', "
+                          "'throttle.claim(text, text, interval, integer)', 'EXECUTE'),"
+                          " has_function_privilege('pgt_upgrade_worker', "
+                          "'throttle.purge(interval, text, text[])', 'EXECUTE'),"
+                          " has_table_privilege('pgt_upgrade_worker', 'throttle.queue_metrics', 'SELECT'),"
+                          " has_table_privilege('pgt_upgrade_other', 'throttle.queue_metrics', 'SELECT'),"
+                          " has_function_privilege('pgt_upgrade_other', 'throttle.registry_entries()', 'EXECUTE')")
+    tap.is_(privileges, (True, False, True, True, False, False),
+            "the privileges an operator changed under 0.2.0 are kept, on the replaced view too")
+    fresh = connect(dbname=MID_FRESH_DB)
+    execute(fresh, "CREATE EXTENSION pg_throttle")
+    for sql in OPERATOR_020:
+        execute(fresh, sql)
+    same, count, difference = catalog_difference(mid, fresh)
+    tap.ok(same, f"from 0.2.0, the updated database has exactly the objects of a fresh install ({count})",
+           difference)
+    tap.is_(one(mid, "SELECT count(*) FROM throttle.queue_metrics WHERE queue = 'mail'")[0], 1,
+            "queue_metrics works on the updated database")
+    tap.is_(one(mid, "SELECT throttle.acquire('nightly')")[0], False, "the interval granted under 0.2.0 still holds")
+    tap.is_(one(mid, "SELECT throttle.unlock('migration', %s)", (token,))[0], True,
+            "the lease taken under 0.2.0 is released with its token")
+    mid.close()
+    fresh.close()
 
 
 if __name__ == "__main__":

@@ -5,3 +5,16 @@ CREATE FUNCTION rebuild_search_index() RETURNS void LANGUAGE sql AS $$ SELECT $$
 
 CREATE TABLE uploaded_images (id bigint PRIMARY KEY, processed boolean NOT NULL DEFAULT false);
 INSERT INTO uploaded_images (id) SELECT generate_series(1, 30);
+
+-- The roles of the least-privilege recipe (Security model), server-wide:
+-- made once, kept between runs.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'app_rw') THEN
+        CREATE ROLE app_rw LOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'monitoring') THEN
+        CREATE ROLE monitoring LOGIN;
+    END IF;
+END
+$$;

@@ -118,10 +118,11 @@ SELECT pg_catalog.setval('throttle.event_id_seq',
                                   (SELECT max(id) FROM throttle.event),
                                   (SELECT last_value FROM throttle.event_id_seq)));
 
--- complete, fail, extend, schedule and claim_group get new signatures: they
--- are dropped and created again. The privileges an operator gave or took on
--- them are saved here and made again on the new ones at the end (purge is
--- not carried over: 0.2.0 takes it from PUBLIC, as it can delete events).
+-- complete, fail, extend, schedule, claim_group and purge get new
+-- signatures: they are dropped and created again. The privileges an operator
+-- gave or took on them are saved here and made again on the new ones at the
+-- end (purge was not granted to PUBLIC in 0.1.0 either: the grants an
+-- operator made on it are carried over like the others).
 SELECT pg_catalog.set_config('pg_throttle_upgrade.acl_' || p.proname,
                              coalesce(p.proacl::text, 'default'), true)
 FROM pg_catalog.pg_proc p
@@ -129,7 +130,8 @@ WHERE p.oid IN ('throttle.complete(bigint[], text)'::regprocedure,
                 'throttle.fail(bigint[], text, text, interval)'::regprocedure,
                 'throttle.extend(bigint[], text, interval)'::regprocedure,
                 'throttle.schedule(text, text, timestamptz, jsonb, text, integer)'::regprocedure,
-                'throttle.claim_group(text, text, interval)'::regprocedure);
+                'throttle.claim_group(text, text, interval)'::regprocedure,
+                'throttle.purge(interval)'::regprocedure);
 DROP FUNCTION throttle.complete(bigint[], text);
 DROP FUNCTION throttle.fail(bigint[], text, text, interval);
 DROP FUNCTION throttle.extend(bigint[], text, interval);
@@ -932,7 +934,8 @@ BEGIN
                  ('fail', 'throttle.fail(bigint[], bigint, text, interval)'),
                  ('extend', 'throttle.extend(bigint[], bigint, interval)'),
                  ('schedule', 'throttle.schedule(text, text, timestamptz, jsonb, text, integer, integer, text, text)'),
-                 ('claim_group', 'throttle.claim_group(text, text, interval, integer)')) AS v(name, signature)
+                 ('claim_group', 'throttle.claim_group(text, text, interval, integer)'),
+                 ('purge', 'throttle.purge(interval, text, text[])')) AS v(name, signature)
     LOOP
         acl := current_setting('pg_throttle_upgrade.acl_' || f.name, true);
         IF coalesce(acl, '') = '' THEN
