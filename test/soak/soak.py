@@ -13,6 +13,13 @@ per cycle, sometimes right after a CHECKPOINT:
   restart    a clean restart (pg_ctl restart -m fast)
   promote    the primary's postmaster killed, the standby promoted, a new
              standby built from it (pg_basebackup) and made synchronous
+  checkpointed-crashes
+             a backend killed, pg_throttle's checkpoint written, then the
+             postmaster killed: crash rules through a checkpoint between crashes
+  started-as-primary
+             the primary's postmaster killed, the standby stopped cleanly and
+             started again without standby.signal (no promotion), a new
+             standby built from it
 Then the producer stops, the workers drain the queue, and the checker
 (checker.py) reads the logs: no resource granted twice inside its interval,
 no bucket above burst + rate * elapsed, no two holders of a lease or of a
@@ -46,7 +53,8 @@ from cluster import BIN, kill_postmaster  # noqa: E402
 from tap import Tap  # noqa: E402
 
 WORKLOAD = {"acquire": 2, "rate": 2, "lease": 3, "producer": 1, "worker": 3}
-FAULTS = ["backend", "postmaster", "restart", "promote"]
+FAULTS = ["backend", "postmaster", "restart", "promote", "checkpointed-crashes",
+          "started-as-primary"]
 WORK_S = (3.0, 6.0)
 
 
@@ -151,24 +159,38 @@ class Soak:
             time.sleep(0.1)
         raise RuntimeError("the standby never became synchronous")
 
+    def kill_a_backend(self):
+        rows = self.primary.sql("SELECT pid FROM pg_stat_activity WHERE backend_type = "
+                                "'client backend' AND pid <> pg_backend_pid()")
+        if rows:
+            os.kill(self.rng.choice(rows)[0], signal.SIGKILL)
+
     def inject(self, fault):
         self.faults[fault] += 1
         if self.rng.random() < 0.5:
             # The lease journal must carry leases granted before the redo point.
             self.primary.sql("CHECKPOINT")
         if fault == "backend":
-            rows = self.primary.sql("SELECT pid FROM pg_stat_activity WHERE backend_type = "
-                                    "'client backend' AND pid <> pg_backend_pid()")
-            if rows:
-                os.kill(self.rng.choice(rows)[0], signal.SIGKILL)
+            self.kill_a_backend()
         elif fault == "postmaster":
             self.primary.kill_postmaster()
             self.primary.pg_ctl("start")
         elif fault == "restart":
             self.primary.pg_ctl("restart", "-m", "fast")
-        elif fault == "promote":
+        elif fault == "checkpointed-crashes":
+            self.kill_a_backend()
+            time.sleep(0.5)  # the clients' calls after the crash, under its rules
+            self.primary.sql("SELECT throttle.checkpoint()")
             self.primary.kill_postmaster()
-            self.standby.pg_ctl("promote")
+            self.primary.pg_ctl("start")
+        elif fault in ("promote", "started-as-primary"):
+            self.primary.kill_postmaster()
+            if fault == "promote":
+                self.standby.pg_ctl("promote")
+            else:
+                self.standby.pg_ctl("stop", "-m", "fast")
+                os.unlink(os.path.join(self.standby.data, "standby.signal"))
+                self.standby.pg_ctl("start")
             self.primary, self.standby = self.standby, self.primary
             self.primary.sql("ALTER SYSTEM RESET synchronous_standby_names")
             self.primary.sql("SELECT pg_reload_conf()")
