@@ -708,7 +708,12 @@ ClearResult registry_clear(const RegistryKey& key, bool create_if_absent) {
         PartitionState& partition = partition_state(partition_of(hash));
         auto* entry = static_cast<RegistryEntry*>(
             hash_search_with_hash_value(registry, &key, hash, HASH_FIND, nullptr));
+        const bool lock_kind = key.kind == static_cast<uint8>(EntryKind::kLock) ||
+                               key.kind == static_cast<uint8>(EntryKind::kQueueGroup);
         if (entry != nullptr && !rule) {
+            if (lock_kind) {
+                return ClearResult::kAbsent;  // a lock's entry may have waiters: never dropped
+            }
             remove_entry(partition, entry);
             return ClearResult::kCleared;
         }
@@ -747,8 +752,6 @@ ClearResult registry_clear(const RegistryKey& key, bool create_if_absent) {
             const uint64 grants = entry->grants;
             const uint64 denials = entry->denials;
             const int32 waiters = entry->of.lock.waiters;
-            const bool lock_kind = key.kind == static_cast<uint8>(EntryKind::kLock) ||
-                                   key.kind == static_cast<uint8>(EntryKind::kQueueGroup);
             clear_state(entry);
             entry->owner = owner;
             entry->grants = grants;

@@ -216,8 +216,9 @@ void registry_metrics(RegistryKindMetrics* kinds);
 // Drops the entry of `key` if there is one; returns whether there was.
 bool registry_remove(const RegistryKey& key);
 
-// throttle.reset of a resource or a bucket. Without a crash rule in force
-// for the kind, drops the entry (kCleared) if there is one. Under one, an
+// throttle.reset of a resource or a bucket (and of a lock name its grant
+// did not cover). Without a crash rule in force for the kind, drops the
+// entry (kCleared) if there is one (a lock's, which may have waiters, stays). Under one, an
 // absent name would be born again in the rule's state, so the entry is left
 // free and known instead (not born: a resource grantable at once, a bucket
 // full), and an absent name is given such an entry when `create_if_absent`
