@@ -4,6 +4,12 @@
 // other caller is denied. The window's end is fixed at grant time, so the
 // decision needs only the stored end and the current time, and an entry whose
 // window has ended is indistinguishable from an absent one.
+//
+// A window whose end g + e would pass the last int64 microsecond ends at
+// kNever, and a window ending at kNever never closes, even for a `now` of
+// kNever itself (one that ends exactly there cannot be told apart, and
+// denies that one instant more): [g, g + e) then covers every later time
+// point, so a window never grants twice, at any time point.
 #pragma once
 #include "core/cpp_only.hpp"
 
@@ -25,7 +31,7 @@ struct IntervalDecision {
 // stepped back before the grant keeps denying until closes_at: never an
 // extra grant.
 constexpr bool window_denies(const IntervalWindow& window, Micros now) noexcept {
-    return now < window.closes_at;
+    return now < window.closes_at || window.closes_at == kNever;
 }
 
 // Decide a call at `now` asking for windows of `every` (> 0) microseconds.

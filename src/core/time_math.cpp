@@ -10,6 +10,14 @@ Micros saturating_add(Micros a, Micros b) noexcept {
     return sum;
 }
 
+Micros saturating_sub(Micros a, Micros b) noexcept {
+    Micros difference = 0;
+    if (__builtin_sub_overflow(a, b, &difference)) {
+        return b < 0 ? std::numeric_limits<Micros>::max() : std::numeric_limits<Micros>::min();
+    }
+    return difference;
+}
+
 std::optional<Micros> interval_to_micros(std::int32_t months, std::int32_t days,
                                          std::int64_t micros) noexcept {
     Micros from_months = 0;

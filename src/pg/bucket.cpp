@@ -66,7 +66,8 @@ struct ReserveCall {
 
 // A bucket's state is its TAT, kept in expires_at; kLongExpired (a new
 // entry) is a full bucket. A bucket born under the crash rule is empty at the
-// restart (granted_at) for every caller's shape.
+// restart (granted_at) for every caller's shape: a TAT past the range is
+// clamped to kNever, on which nothing passes (core/gcra.hpp).
 core::Micros tat_of(const ReserveCall& call, const RegistryEntry& entry) {
     if (!entry.born) {
         return entry.expires_at;
@@ -99,8 +100,8 @@ void reserve_born(RegistryEntry* entry, core::Micros restart, void* ctx) {
 bool reserve_decide_shared(RegistryEntry* entry, void* ctx) {
     auto* call = static_cast<ReserveCall*>(ctx);
     call->decision = decide(*call, *entry);
-    if (call->request->cost == 0) {
-        return true;  // a peek changes nothing and counts nothing
+    if (call->request->cost == 0 || call->decision.out_of_range) {
+        return true;  // a peek changes nothing and counts nothing; nor does an error
     }
     if (call->decision.allowed) {
         return false;  // the TAT must move: decide again under the exclusive lock
@@ -113,8 +114,8 @@ void reserve_apply_exclusive(RegistryEntry* entry, void* ctx) {
     auto* call = static_cast<ReserveCall*>(ctx);
     call->decision = decide(*call, *entry);
     const BucketRequest& request = *call->request;
-    if (request.cost == 0) {
-        return;  // a peek (of a bucket just born under the crash rule)
+    if (request.cost == 0 || call->decision.out_of_range) {
+        return;  // a peek (of a bucket just born under the crash rule), or an error
     }
     set_shape(entry, request);
     if (!call->decision.allowed) {
@@ -151,6 +152,7 @@ struct TakeUpToCall {
     core::Micros now;
     int64 want;
     int64 taken;
+    bool out_of_range;  // the units there are would move the TAT past the range
 };
 
 ReserveCall reserve_call_of(const TakeUpToCall& call) {
@@ -182,6 +184,7 @@ void take_up_to_apply_exclusive(RegistryEntry* entry, void* ctx) {
     call->request->cost = static_cast<int32>(units);
     reserve_apply_exclusive(entry, &reserve);
     call->taken = reserve.decision.allowed ? units : 0;
+    call->out_of_range = reserve.decision.out_of_range;
 }
 
 constexpr EntryOp kTakeUpToOp{take_up_to_born, take_up_to_decide_shared,
@@ -199,6 +202,20 @@ void give_back_update(RegistryEntry* entry, void* ctx) {
     if (restored.has_value()) {
         entry->expires_at = *restored;  // the grant stays counted
     }
+}
+
+// A request the bucket would pass whose new TAT would be past the last
+// microsecond (core::GcraDecision::out_of_range): neither a grant on a
+// clamped TAT nor a denial of units the bucket may have, but 22008, as for
+// a tolerance that does not fit at all.
+[[noreturn]] void raise_out_of_range() {
+    ereport(ERROR,
+            (errcode(ERRCODE_DATETIME_FIELD_OVERFLOW),
+             errmsg("burst times per / rate is out of range at this time"),
+             errdetail("Passing the request would move the bucket's theoretical arrival time "
+                       "past 294277-01-09 04:00:54.775807+00, the last microsecond "
+                       "pg_throttle can count.")));
+    pg_unreachable();
 }
 
 }  // namespace
@@ -239,8 +256,11 @@ void queue_bucket_request(const text* name, const DeclaredBucket& declared, int3
 }
 
 int64 bucket_take_up_to(BucketRequest request, core::Micros now, int64 want) {
-    TakeUpToCall call{&request, now, want, 0};
+    TakeUpToCall call{&request, now, want, 0, false};
     registry_apply(request.key, kTakeUpToOp, &call);
+    if (call.out_of_range) {
+        raise_out_of_range();
+    }
     return call.taken;
 }
 
@@ -248,6 +268,9 @@ core::GcraDecision bucket_reserve(const BucketRequest& request, core::Micros now
                                   core::Micros max_wait) {
     ReserveCall call{&request, now, max_wait, {}};
     registry_apply(request.key, kReserveOp, &call);
+    if (call.decision.out_of_range) {
+        raise_out_of_range();
+    }
     return call.decision;
 }
 

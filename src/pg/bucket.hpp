@@ -37,10 +37,13 @@ void bucket_request_for_key(const RegistryKey& key, const DeclaredBucket& declar
 
 // Takes as many units as the bucket has now, at most `want` (> 0); how many
 // it took, 0 when it is empty. Each unit taken counts as in throttle.take.
+// Raises 22008 when taking them would move the TAT past the range.
 int64 bucket_take_up_to(BucketRequest request, core::Micros now, int64 want);
 
 // Decides `request` at `now`, reserving it when it passes within `max_wait`
-// (0: only when it passes now). Raises 53200 when the registry is full.
+// (0: only when it passes now; kNever: no limit). Raises 53200 when the
+// registry is full, 22008 when the request would pass but its TAT would be
+// past the range (core::GcraDecision::out_of_range).
 core::GcraDecision bucket_reserve(const BucketRequest& request, core::Micros now,
                                   core::Micros max_wait);
 

@@ -1,6 +1,6 @@
 -- throttle.acquire behaviour and error codes, on the test clock.
 BEGIN;
-SELECT plan(34);
+SELECT plan(37);
 
 SET LOCAL pg_throttle.test_clock = '2031-03-01 10:00:00+00';
 
@@ -109,6 +109,14 @@ SELECT ok(throttle.acquire('tap.real-clock', '1 hour')
           AND (SELECT granted_at BETWEEN clock_timestamp() - interval '1 minute' AND clock_timestamp()
                FROM throttle.status WHERE name = 'tap.real-clock'),
     'with an empty test clock, grants are stamped with the real time');
+
+-- A window past the last int64 microsecond (294277-01-09) never closes: a
+-- day before the end of PostgreSQL's timestamps, '30 days' grants once.
+SET LOCAL pg_throttle.test_clock = '294276-12-31 00:00:00+00';
+SELECT ok(throttle.acquire('tap.end', '30 days'), 'near the end of timestamps: granted');
+SET LOCAL pg_throttle.test_clock = '294276-12-31 23:59:59.999999+00';
+SELECT ok(NOT throttle.acquire('tap.end', '1 microsecond'), 'and denied up to the last timestamp');
+SELECT is(throttle.reset('tap.end', 'resource'), 1, 'reset removes it');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -1,7 +1,7 @@
 -- throttle.take / allow / wait: signatures, the GCRA formulas against a
 -- reference model, error codes. On the test clock.
 BEGIN;
-SELECT plan(57);
+SELECT plan(70);
 
 SELECT has_table('throttle', 'bucket', 'catalog table throttle.bucket');
 SELECT col_is_pk('throttle', 'bucket', 'name', 'bucket name is the primary key');
@@ -179,6 +179,43 @@ SELECT ok(throttle.allow('tap.w', 1, '1 hour', 1), 'bucket emptied');
 SELECT ok(NOT throttle.wait('tap.w', 1, '1 hour', 1, 1, '59 minutes'), 'a wait beyond the timeout returns false');
 SELECT is((SELECT retry_after FROM throttle.take('tap.w', 1, '1 hour', 1)), interval '1 hour',
     'and reserved nothing');
+
+-- The ends of the range (issue 39): a bucket's TAT is never clamped to the
+-- last int64 microsecond (294277-01-09), which let every call through. Burst
+-- 1 per '2561944444 hours', just inside int64: from 2033 even the first
+-- call's TAT would be past it, and every form refuses the call.
+SET LOCAL pg_throttle.test_clock = '2033-01-01 00:00:00+00';
+SELECT throws_ok($$SELECT * FROM throttle.take('tap.far', 1, '2561944444 hours', 1)$$, '22008',
+    'burst times per / rate is out of range at this time', 'a TAT past the end of int64: take raises 22008');
+SELECT throws_ok($$SELECT throttle.allow('tap.far', 1, '2561944444 hours', 1)$$, '22008',
+    'burst times per / rate is out of range at this time', 'allow raises 22008');
+SELECT throws_ok($$SELECT throttle.wait('tap.far', 1, '2561944444 hours', 1)$$, '22008',
+    'burst times per / rate is out of range at this time', 'wait raises 22008');
+-- From 2000-01-01 the first TAT fits: one call passes, the next are denied
+-- exactly, and a wait without a limit for the next unit is refused.
+SET LOCAL pg_throttle.test_clock = '2000-01-01 00:00:00+00';
+SELECT ok(throttle.allow('tap.far', 1, '2561944444 hours', 1), 'from 2000-01-01 the first call passes');
+SELECT is((SELECT count(*) FROM generate_series(1, 4) WHERE throttle.allow('tap.far', 1, '2561944444 hours', 1)),
+    0::bigint, 'the next four are denied');
+SELECT ok((SELECT NOT allowed AND remaining = 0 AND retry_after = interval '2561944444 hours'
+           FROM throttle.take('tap.far', 1, '2561944444 hours', 1)),
+    'take: denied, retry_after one emission interval');
+SELECT ok(NOT throttle.wait('tap.far', 1, '2561944444 hours', 1, 1, '1 hour'), 'wait with a timeout: false');
+SELECT throws_ok($$SELECT throttle.wait('tap.far', 1, '2561944444 hours', 1)$$, '22008',
+    'burst times per / rate is out of range at this time',
+    'wait without a limit: the next unit''s TAT would be past the end, 22008');
+SELECT is(throttle.reset('tap.far', 'bucket'), 1, 'reset removes the far bucket');
+-- A day before the end of PostgreSQL's timestamps, 1 a day with burst 10:
+-- nine units fit before the last microsecond; the tenth is refused, not
+-- granted on a clamped TAT.
+SET LOCAL pg_throttle.test_clock = '294276-12-31 00:00:00+00';
+SELECT is((SELECT count(*) FROM generate_series(1, 9) WHERE throttle.allow('tap.end', 1, '1 day', 10)),
+    9::bigint, 'near the end of timestamps: nine units pass');
+SELECT throws_ok($$SELECT throttle.allow('tap.end', 1, '1 day', 10)$$, '22008',
+    'burst times per / rate is out of range at this time', 'the tenth would move the TAT past the end: 22008');
+SELECT is((SELECT remaining FROM throttle.take('tap.end', 1, '1 day', 10, 0)), 1,
+    'a peek still counts the unit the tenth asked for');
+SELECT is(throttle.reset('tap.end', 'bucket'), 1, 'reset removes the bucket near the end');
 
 SELECT * FROM finish();
 ROLLBACK;

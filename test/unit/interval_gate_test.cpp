@@ -2,7 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <limits>
+#include <optional>
+#include <random>
 
 namespace pg_throttle::core {
 namespace {
@@ -58,6 +62,82 @@ TEST(IntervalGate, WindowDeniesIsTheExpiryRule) {
     const IntervalWindow w{0, 100};
     EXPECT_TRUE(window_denies(w, 99));
     EXPECT_FALSE(window_denies(w, 100));
+}
+
+TEST(IntervalGate, AWindowPastTheLastMicrosecondNeverCloses) {
+    const Micros max = std::numeric_limits<Micros>::max();
+    const IntervalDecision d = decide_interval(nullptr, max - 1, 2);
+    ASSERT_TRUE(d.granted);
+    EXPECT_EQ(d.window.closes_at, kNever);
+    EXPECT_FALSE(decide_interval(&d.window, max, 1).granted);
+    EXPECT_TRUE(window_denies(IntervalWindow{max, kNever}, max));
+    // A window that ends exactly on the last microsecond, granted at
+    // kNever - e: the same, as nothing after it can be told apart.
+    EXPECT_TRUE(window_denies(IntervalWindow{max - 5, kNever}, max));
+}
+
+// Near the ends of int64 and of PostgreSQL's timestamps, on a clock that
+// also steps back, with intervals from 1 us to the whole range: a grant at
+// g for e is never followed by another before g + e (exact, in 128 bits),
+// and a call at or after g + e is always granted, unless g + e is kNever
+// or later: that window never closes.
+TEST(IntervalGate, NeverGrantsTwiceInsideAWindowNearTheEnds) {
+    using Wide = __int128;
+    const Micros max = std::numeric_limits<Micros>::max();
+    const Micros min = std::numeric_limits<Micros>::min();
+    constexpr Micros kPgMin = -211'813'488'000'000'000;   // MIN_TIMESTAMP
+    constexpr Micros kPgEnd = 9'223'371'331'200'000'000;  // END_TIMESTAMP, excluded
+    const auto clamp = [&](Wide v) { return static_cast<Micros>(std::clamp<Wide>(v, min, max)); };
+    std::mt19937_64 rng(39);
+    std::vector<Micros> everys = {
+        1, 2, kHour, 86'400 * kUsPerSecond, max - kPgEnd, max - kPgEnd + 1, max / 2, max - 1, max};
+    for (int i = 0; i < 40; i++) {
+        everys.push_back(static_cast<Micros>(rng() >> (rng() % 63)) | 1);
+    }
+    for (const Micros every : everys) {
+        const Wide starts[] = {min,
+                               Wide{min} + 1,
+                               kPgMin,
+                               -1,
+                               0,
+                               kPgEnd - 1,
+                               Wide{max} - every,
+                               Wide{max} - every + 1,
+                               max - 1,
+                               max};
+        for (const Wide start : starts) {
+            std::optional<IntervalWindow> stored;
+            std::optional<Wide> exact_end;
+            Micros now = clamp(start);
+            for (int call = 0; call < 60; call++) {
+                // Callers ask for intervals of their own; the grant's decides.
+                const Micros asked = everys[rng() % everys.size()];
+                const IntervalDecision d =
+                    decide_interval(stored.has_value() ? &*stored : nullptr, now, asked);
+                ASSERT_EQ(d.granted, !exact_end.has_value() ||
+                                         (Wide{now} >= *exact_end && *exact_end < kNever))
+                    << "now " << now << " every " << asked;
+                if (d.granted) {
+                    EXPECT_EQ(d.window.granted_at, now);
+                    EXPECT_EQ(d.window.closes_at, clamp(Wide{now} + asked));
+                    exact_end = Wide{now} + asked;
+                    stored = d.window;
+                } else {
+                    EXPECT_EQ(d.window.closes_at, stored->closes_at);
+                }
+                const Wide steps[] = {0,
+                                      1,
+                                      -1,
+                                      asked,
+                                      Wide{asked} - 1,
+                                      every,
+                                      -static_cast<Wide>(rng() % (Wide{every} + 1)),
+                                      static_cast<Wide>(rng() % (Wide{every} + 1)),
+                                      exact_end.value_or(now) - now};
+                now = clamp(Wide{now} + steps[rng() % 9]);
+            }
+        }
+    }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
 
 namespace pg_throttle::core {
@@ -20,6 +21,55 @@ TEST(SaturatingAdd, ClampsAtTheEnds) {
     EXPECT_EQ(saturating_add(kMax - 1, 5), kMax);
     EXPECT_EQ(saturating_add(kMin, -1), kMin);
     EXPECT_EQ(saturating_add(kMax, kMin), -1);
+}
+
+TEST(SaturatingSub, SubtractsInRange) {
+    EXPECT_EQ(saturating_sub(3, 5), -2);
+    EXPECT_EQ(saturating_sub(kMin, kMin), 0);
+    EXPECT_EQ(saturating_sub(kMax, kMax), 0);
+    EXPECT_EQ(saturating_sub(-1, kMax), kMin);
+}
+
+TEST(SaturatingSub, ClampsAtTheEnds) {
+    EXPECT_EQ(saturating_sub(kMax, -1), kMax);
+    EXPECT_EQ(saturating_sub(0, kMin), kMax);
+    EXPECT_EQ(saturating_sub(kMin, 1), kMin);
+    EXPECT_EQ(saturating_sub(-2, kMax), kMin);
+    EXPECT_EQ(saturating_sub(kMax, kMin), kMax);
+    EXPECT_EQ(saturating_sub(kMin, kMax), kMin);
+}
+
+// A lease, a window or a deadline that ends at saturating_add(start, length)
+// is still running at every time point PostgreSQL can show before the exact
+// end: clamping to kNever only ever makes it end later. Time points from
+// MIN_TIMESTAMP to END_TIMESTAMP - 1 (4714-11-24 BC to 294276-12-31).
+TEST(SaturatingAdd, AClampedEndIsAfterEveryPostgresTime) {
+    constexpr Micros kPgMin = -211'813'488'000'000'000;
+    constexpr Micros kPgEnd = 9'223'371'331'200'000'000;  // exclusive
+    const Micros starts[] = {kPgMin, kPgMin + 1,         -1,         0,
+                             1,      kPgEnd - kUsPerDay, kPgEnd - 2, kPgEnd - 1};
+    const Micros lengths[] = {1,
+                              2,
+                              kUsPerDay,
+                              30 * kUsPerDay,
+                              kUsPerDay * 68 * 366,
+                              kMax - kPgEnd,
+                              kMax - kPgEnd + 1,
+                              kMax / 2,
+                              kMax - 1,
+                              kMax};
+    for (const Micros start : starts) {
+        for (const Micros length : lengths) {
+            const Micros end = saturating_add(start, length);
+            const __int128 exact = static_cast<__int128>(start) + length;
+            EXPECT_EQ(end, exact > kMax ? kMax : static_cast<Micros>(exact));
+            // The last instant still inside [start, start + length), as far as
+            // PostgreSQL's time points go.
+            const __int128 last = std::min<__int128>(exact - 1, kPgEnd - 1);
+            EXPECT_LT(static_cast<Micros>(last), end) << start << " + " << length;
+            EXPECT_LT(start, end);
+        }
+    }
 }
 
 TEST(IntervalToMicros, UsesPostgresComparisonConventions) {
