@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import psycopg2
@@ -32,7 +33,9 @@ DB = "app"
 CONF = "shared_preload_libraries = 'pg_throttle'\nfsync = off\n"
 CRASH_PAST = 5_000_000_000
 CHECKPOINTED_PAST = 6_000_000_000
-STANDBY_PAST = 7_000_000_000
+STANDBY_PAST = 12_000_000_000
+HIGHER_PAST = 9_000_000_000
+LOWER_PAST = 8_500_000_000
 MOST = 2 ** 62
 
 
@@ -147,6 +150,51 @@ def crashes(tap, new):
     conn.close()
 
 
+def concurrent_advances(tap, new):
+    """Two advances at once, the first (higher) held in its wait for the
+    synchronous standbys after its write: the second must not write a lower
+    limit over it, which a checkpoint and a postmaster kill would believe."""
+    conn = new.connect(DB)
+    conn.cursor().execute("ALTER SYSTEM SET synchronous_standby_names = 'nosuch'")
+    one(conn, "SELECT pg_reload_conf()")
+    time.sleep(0.5)
+    results = {}
+
+    def advance(past):
+        c = new.connect(DB)
+        try:
+            results[past] = one(c, "SELECT throttle.advance_fence(%s)", (past,))[0]
+        finally:
+            c.close()
+
+    def held(past):
+        for _ in range(100):
+            if one(conn, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s "
+                         "AND wait_event = 'SyncRep'", (f"%advance_fence({past})%",))[0]:
+                return True
+            time.sleep(0.05)
+        return False
+
+    threads = []
+    for past in (HIGHER_PAST, LOWER_PAST):
+        thread = threading.Thread(target=advance, args=(past,))
+        thread.start()
+        threads.append(thread)
+        held(past)
+    conn.cursor().execute("ALTER SYSTEM RESET synchronous_standby_names")
+    one(conn, "SELECT pg_reload_conf()")
+    for thread in threads:
+        thread.join(30)
+    conn.cursor().execute("CHECKPOINT")
+    conn.close()
+    conn = restart_after_kill(new)
+    token = lock(conn, "after-concurrent-advances")
+    tap.ok(results.get(HIGHER_PAST, 0) >= HIGHER_PAST and token > HIGHER_PAST,
+           f"two advances at once, a checkpoint and a postmaster kill: {token} > {HIGHER_PAST}",
+           repr(results))
+    conn.close()
+
+
 def standby_of(tap, new, directory):
     standby = OwnServer(os.path.join(directory, "standby"), new.port, CONF + "hot_standby = on\n")
     standby.make_directory()
@@ -181,7 +229,7 @@ def standby_of(tap, new, directory):
 
 
 def main():
-    tap = Tap(21)
+    tap = Tap(22)
     port = int(os.environ.get("PGPORT", "5432")) + 10
     directory = tempfile.mkdtemp(prefix="pg_throttle_fence.")
     os.chmod(directory, 0o755)
@@ -201,6 +249,7 @@ def main():
         migration(tap, new, old_floor)
         refusals(tap, new)
         crashes(tap, new)
+        concurrent_advances(tap, new)
         servers.append(standby_of(tap, new, directory))
     except (psycopg2.Error, OSError, subprocess.CalledProcessError) as e:
         stderr = getattr(e, "stderr", "") or ""

@@ -26,6 +26,11 @@ constexpr uint32 kFileMagic = 0x50474645;  // "PGFE"
 struct FenceShared {
     int64 last_token;  // the counter; __atomic builtins
     int64 limit;       // no token above it is handed out; only grows
+    // The highest limit written to the file (and WAL), under extend_lock. A
+    // writer raises `limit` only after it has let the lock go and waited for
+    // the synchronous standbys; a writer after it must never write a lower
+    // limit over that one, which a checkpoint and a crash would then believe.
+    int64 written_limit;
 };
 static_assert(std::is_trivially_copyable_v<FenceShared>);
 
@@ -86,6 +91,7 @@ void fence_attach_shmem() {
     if (!found) {
         fence->last_token = 0;
         fence->limit = 0;
+        fence->written_limit = 0;
     }
     extend_lock = &GetNamedLWLockTranche(kTrancheName)[0].lock;
 }
@@ -112,6 +118,7 @@ void fence_startup(bool ran_before) {
     }
     started_with_tokens = limit > 0;
     fence->limit = limit;
+    fence->written_limit = limit;
 }
 
 void fence_continue_from_limit() {
@@ -140,10 +147,13 @@ void fence_reserve_ahead() {
     // WAL first: a crash after it replays the new limit whatever the file
     // holds. The lock only orders writers of the limit; nothing under it
     // raises an error.
-    const int64 new_limit = std::max(limit, last) + kBlock;
+    const int64 new_limit = std::max(std::max(limit, last) + kBlock, fence->written_limit);
     const XLogRecPtr lsn = wal_log_fence_limit(new_limit);
     XLogFlush(lsn);
     const bool written = write_limit_file(new_limit, LOG);
+    if (written) {
+        fence->written_limit = new_limit;
+    }
     LWLockRelease(extend_lock);
     if (!written) {
         ereport(ERROR, (errcode(ERRCODE_IO_ERROR),
@@ -172,10 +182,13 @@ int64 fence_advance_past(int64 past) {
     }
     // As fence_reserve_ahead: WAL first, then the file; a block above `past`
     // so that the next grants need no write.
-    const int64 new_limit = past + kBlock;
+    const int64 new_limit = std::max(past + kBlock, fence->written_limit);
     const XLogRecPtr lsn = wal_log_fence_limit(new_limit);
     XLogFlush(lsn);
     const bool written = write_limit_file(new_limit, LOG);
+    if (written) {
+        fence->written_limit = new_limit;
+    }
     LWLockRelease(extend_lock);
     if (!written) {
         ereport(ERROR, (errcode(ERRCODE_IO_ERROR),
