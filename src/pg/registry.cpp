@@ -60,12 +60,17 @@ struct RegistryShared {
     // a role that keeps asking beyond its quota sweeps at most every
     // kQuotaSweepEvery, not on every call.
     core::Micros last_quota_sweep;
+    // When a call last used an entry of the test clock (real clock, to the
+    // second): while one did within kTestClockQuiet, no real-clock sweep
+    // drops a test clock's entry (registry_reclaimable).
+    core::Micros last_test_clock_use;
 };
 static_assert(std::is_trivially_copyable_v<RegistryShared>);
 RegistryShared* shared_state = nullptr;
 
 constexpr core::Micros kKnown = std::numeric_limits<core::Micros>::min();
 constexpr core::Micros kQuotaSweepEvery = 50'000;  // 50 ms
+constexpr core::Micros kTestClockQuiet = 10 * 60 * core::kUsPerSecond;
 
 // ilist.h's iteration macros assert types in a way C++ cannot compile: the
 // list is walked here, and an entry found from its link by its offset.
@@ -235,6 +240,16 @@ bool on_test_clock(const RegistryEntry& entry) {
     return entry.key.clock == static_cast<uint8>(EntryClock::kTest);
 }
 
+// Written at most once a second: tests are not a hot path, but many
+// sessions may run them at once.
+void note_test_clock_use() {
+    const core::Micros now = GetCurrentTimestamp();
+    if (now - __atomic_load_n(&shared_state->last_test_clock_use, __ATOMIC_RELAXED) >=
+        core::kUsPerSecond) {
+        __atomic_store_n(&shared_state->last_test_clock_use, now, __ATOMIC_RELAXED);
+    }
+}
+
 // Drops every entry of one partition that no longer constrains anyone, by
 // the real clock: whatever clock the calling session reads, another
 // session's entry is dropped only when it has expired in real time. A test
@@ -252,9 +267,9 @@ long reclaim_partition(int index, core::Micros now, std::optional<core::Micros> 
     if (test_now.has_value() || now >= partition.reclaim_not_before) {
         core::Micros earliest_survivor = core::kNever;
         for_each_entry(&partition.entries, [&](RegistryEntry* entry) {
-            const bool reclaimable = on_test_clock(*entry)
-                                         ? test_now.has_value() && *test_now >= entry->expires_at
-                                         : registry_reclaimable(*entry, now);
+            const bool reclaimable =
+                (on_test_clock(*entry) && test_now.has_value() && *test_now >= entry->expires_at) ||
+                registry_reclaimable(*entry, now);
             if (reclaimable) {
                 remove_entry(partition, entry);
                 reclaimed++;
@@ -562,6 +577,9 @@ Oid registry_caller_role(EntryKind kind) {
 void registry_apply(const RegistryKey& key, const EntryOp& op, void* ctx) {
     standby_check_local_decision(static_cast<EntryKind>(key.kind));
     registry_notice_promotion();
+    if (key.clock == static_cast<uint8>(EntryClock::kTest)) {
+        note_test_clock_use();
+    }
     const uint32 hash = get_hash_value(registry, &key);
     const Oid role = registry_caller_role(static_cast<EntryKind>(key.kind));
     Attempt attempt = try_apply(key, hash, role, op, ctx);
@@ -588,7 +606,7 @@ void registry_apply(const RegistryKey& key, const EntryOp& op, void* ctx) {
         case Attempt::kFull:
             raise_full(pool_of(key));
         case Attempt::kRoleQuota:
-            quota_raise(QuotaCheck::kRoleQuota, role, key.dbid);
+            quota_raise(QuotaCheck::kRoleQuota, role, key.dbid, pool_of(key));
         case Attempt::kDatabaseQuota:
             quota_raise(QuotaCheck::kDatabaseQuota, role, key.dbid);
     }
@@ -641,8 +659,13 @@ bool registry_upsert(const RegistryKey& key, void (*update)(RegistryEntry* entry
 }
 
 bool registry_reclaimable(const RegistryEntry& entry, core::Micros now) {
-    if (on_test_clock(entry) || now < entry.expires_at) {
+    if (now < entry.expires_at) {
         return false;
+    }
+    if (on_test_clock(entry) &&
+        now - __atomic_load_n(&shared_state->last_test_clock_use, __ATOMIC_RELAXED) <
+            kTestClockQuiet) {
+        return false;  // a test may still be running on it
     }
     const auto kind = static_cast<EntryKind>(entry.key.kind);
     const bool lock_kind = kind == EntryKind::kLock || kind == EntryKind::kQueueGroup;
@@ -656,6 +679,13 @@ void registry_visit_all(void (*visit)(const RegistryEntry& entry, void* ctx), vo
 }
 
 bool registry_restore(const RegistryEntry& saved) {
+    // Beyond its pool's room an entry would take the room of another pool
+    // (the hash table holds both): it is not restored, and falls under the
+    // crash rule like any other that does not fit.
+    if (quota_pool_full(pool_of(saved.key)) &&
+        hash_search(registry, &saved.key, HASH_FIND, nullptr) == nullptr) {
+        return false;
+    }
     bool found = false;
     auto* entry =
         static_cast<RegistryEntry*>(hash_search(registry, &saved.key, HASH_ENTER_NULL, &found));
@@ -710,10 +740,12 @@ ClearResult registry_clear(const RegistryKey& key, bool create_if_absent) {
             hash_search_with_hash_value(registry, &key, hash, HASH_FIND, nullptr));
         const bool lock_kind = key.kind == static_cast<uint8>(EntryKind::kLock) ||
                                key.kind == static_cast<uint8>(EntryKind::kQueueGroup);
+        if (entry != nullptr && lock_kind) {
+            // A lock's entry is lock_reset's alone: by now it may be held
+            // again, or have waiters.
+            return ClearResult::kAbsent;
+        }
         if (entry != nullptr && !rule) {
-            if (lock_kind) {
-                return ClearResult::kAbsent;  // a lock's entry may have waiters: never dropped
-            }
             remove_entry(partition, entry);
             return ClearResult::kCleared;
         }
@@ -721,17 +753,15 @@ ClearResult registry_clear(const RegistryKey& key, bool create_if_absent) {
             return ClearResult::kAbsent;
         }
         if (entry == nullptr) {
-            // Counted against the operator's role, whatever its quota (a
-            // reset makes room for nobody else's grants), within the room of
-            // its pool.
+            // Counted against the operator's role, within its quotas.
             const QuotaPool pool = pool_of(key);
             switch (quota_charge(pool, role, key.dbid, true)) {
                 case QuotaCheck::kFull:
                     return ClearResult::kFull;
                 case QuotaCheck::kRoleQuota:
+                    return ClearResult::kRoleQuota;
                 case QuotaCheck::kDatabaseQuota:
-                    (void)quota_charge(pool, role, key.dbid, false);
-                    break;
+                    return ClearResult::kDatabaseQuota;
                 case QuotaCheck::kOk:
                     break;
             }
@@ -751,21 +781,24 @@ ClearResult registry_clear(const RegistryKey& key, bool create_if_absent) {
             const Oid owner = entry->owner;
             const uint64 grants = entry->grants;
             const uint64 denials = entry->denials;
-            const int32 waiters = entry->of.lock.waiters;
             clear_state(entry);
             entry->owner = owner;
             entry->grants = grants;
             entry->denials = denials;
-            if (lock_kind) {
-                entry->of.lock.waiters = waiters;
-            }
             result = ClearResult::kCleared;
         }
+        // It constrains nobody: a sweep for room may take it.
+        lower_reclaim_not_before(partition, entry->expires_at);
     }
     return result;
 }
 
-void registry_raise_full() {
+void registry_raise_no_room(ClearResult result) {
+    if (result == ClearResult::kRoleQuota || result == ClearResult::kDatabaseQuota) {
+        quota_raise(
+            result == ClearResult::kRoleQuota ? QuotaCheck::kRoleQuota : QuotaCheck::kDatabaseQuota,
+            GetUserId(), MyDatabaseId);
+    }
     raise_full(QuotaPool::kShared);
 }
 

@@ -216,20 +216,22 @@ void registry_metrics(RegistryKindMetrics* kinds);
 // Drops the entry of `key` if there is one; returns whether there was.
 bool registry_remove(const RegistryKey& key);
 
-// throttle.reset of a resource or a bucket (and of a lock name its grant
-// did not cover). Without a crash rule in force for the kind, drops the
-// entry (kCleared) if there is one (a lock's, which may have waiters, stays). Under one, an
-// absent name would be born again in the rule's state, so the entry is left
-// free and known instead (not born: a resource grantable at once, a bucket
-// full), and an absent name is given such an entry when `create_if_absent`
-// (kMadeFree; counted against the caller's role whatever its quota; kFull
-// when the registry has no room). Raises nothing. A sweep may still reclaim a free entry when the
-// registry needs room, as any other entry that constrains nobody.
-enum class ClearResult { kAbsent, kCleared, kMadeFree, kFull };
+// throttle.reset of a resource or a bucket, or of a lock name with no entry.
+// Without a crash rule in force for the kind, drops the entry (kCleared) if
+// there is one. Under one, an absent name would be born again in the rule's
+// state, so the entry is left free and known instead (not born: a resource
+// grantable at once, a bucket full), and an absent name is given such an
+// entry when `create_if_absent` (kMadeFree; counted against the caller's
+// role and database like any new entry: kFull, kRoleQuota or kDatabaseQuota
+// when there is no room). A lock's existing entry is never touched here
+// (lock_reset ends its grant). Raises nothing. A sweep may reclaim a free
+// entry when the registry needs room, as any entry that constrains nobody.
+enum class ClearResult { kAbsent, kCleared, kMadeFree, kFull, kRoleQuota, kDatabaseQuota };
 ClearResult registry_clear(const RegistryKey& key, bool create_if_absent);
 
-// 53200: the registry is full (pg_throttle.max_entries), with its hint.
-[[noreturn]] void registry_raise_full();
+// The error of a ClearResult that made no room: 53200 (full) or 53400 (a
+// quota of the calling role or of the current database).
+[[noreturn]] void registry_raise_no_room(ClearResult result);
 
 // Calls `visit` for each entry of the current database still in force at
 // `now` (throttle.lock's locks: in real time). Each partition's entries are

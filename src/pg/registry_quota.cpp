@@ -18,6 +18,10 @@ int postmaster_database_percent = 75;
 struct QuotaShared {
     int64 entries[2];  // by QuotaPool
     uint32 capacity;   // slots per table; the role table, then the database table, follow
+    // Slots of the table of group leases per role, which follows them: the
+    // same role quota, in percent of the group leases' room, so that no role
+    // holds the room that every queue's workers share.
+    uint32 group_capacity;
     // The server's quotas, in percent: the postmaster's settings (its
     // configuration files and command line), which a session has unless a
     // role or database setting overrides them. Written by the postmaster.
@@ -29,15 +33,20 @@ static_assert(std::is_trivially_copyable_v<QuotaShared>);
 QuotaShared* shared = nullptr;
 core::OwnerCount* role_counts = nullptr;
 core::OwnerCount* database_counts = nullptr;
+core::OwnerCount* group_role_counts = nullptr;
 LWLock* counts_lock = nullptr;
 
 // 100%: no quota at all (the registry's own capacity is the limit, and a
 // call beyond it is told the registry is full).
-int64 limit_of(int percent) {
+int64 limit_of(int percent, int64 room) {
     if (percent >= 100) {
         return std::numeric_limits<int64>::max();
     }
-    return std::max<int64>(1, max_entries_seen * percent / 100);
+    return std::max<int64>(1, room * percent / 100);
+}
+
+int64 limit_of(int percent) {
+    return limit_of(percent, max_entries_seen);
 }
 
 const char* role_name_or_oid(Oid role, char* buffer, size_t size) {
@@ -94,8 +103,10 @@ Size quota_shmem_size(int max_entries) {
     // Each entry counts against at most one role and one database: room for
     // as many owners of each as there can be entries.
     const uint32 capacity = core::owner_table_capacity(max_entries);
-    return add_size(MAXALIGN(sizeof(QuotaShared)),
-                    mul_size(2 * static_cast<Size>(capacity), sizeof(core::OwnerCount)));
+    const uint32 group_capacity = core::owner_table_capacity(quota_group_lease_room(max_entries));
+    return add_size(
+        MAXALIGN(sizeof(QuotaShared)),
+        mul_size(2 * static_cast<Size>(capacity) + group_capacity, sizeof(core::OwnerCount)));
 }
 
 void quota_attach_shmem(int max_entries, LWLock* lock) {
@@ -110,6 +121,7 @@ void quota_attach_shmem(int max_entries, LWLock* lock) {
     if (!found) {
         memset(base, 0, size);
         shared->capacity = core::owner_table_capacity(max_entries);
+        shared->group_capacity = core::owner_table_capacity(quota_group_lease_room(max_entries));
         pg_atomic_init_u32(&shared->server_role_percent,
                            static_cast<uint32>(postmaster_role_percent));
         pg_atomic_init_u32(&shared->server_database_percent,
@@ -117,6 +129,7 @@ void quota_attach_shmem(int max_entries, LWLock* lock) {
     }
     role_counts = reinterpret_cast<core::OwnerCount*>(base + MAXALIGN(sizeof(QuotaShared)));
     database_counts = role_counts + shared->capacity;
+    group_role_counts = database_counts + shared->capacity;
 }
 
 QuotaCheck quota_charge(QuotaPool pool, Oid role, Oid db, bool enforce) {
@@ -124,12 +137,17 @@ QuotaCheck quota_charge(QuotaPool pool, Oid role, Oid db, bool enforce) {
     const bool shared_pool = pool == QuotaPool::kShared;
     const int64 role_limit = limit_of(role_quota_percent);
     const int64 database_limit = limit_of(database_quota_percent);
+    const int64 group_role_limit = limit_of(role_quota_percent, pool_room[p]);
     QuotaCheck result = QuotaCheck::kOk;
     LWLockAcquire(counts_lock, LW_EXCLUSIVE);
     if (enforce && shared->entries[p] >= pool_room[p]) {
         result = QuotaCheck::kFull;
     } else if (enforce && shared_pool && OidIsValid(role) &&
                core::owner_count_of(role_counts, shared->capacity, role) >= role_limit) {
+        result = QuotaCheck::kRoleQuota;
+    } else if (enforce && !shared_pool && OidIsValid(role) &&
+               core::owner_count_of(group_role_counts, shared->group_capacity, role) >=
+                   group_role_limit) {
         result = QuotaCheck::kRoleQuota;
     } else if (enforce && shared_pool &&
                core::owner_count_of(database_counts, shared->capacity, db) >= database_limit) {
@@ -140,10 +158,20 @@ QuotaCheck quota_charge(QuotaPool pool, Oid role, Oid db, bool enforce) {
             // The tables have a slot for every entry the registry can hold.
             (void)core::owner_count_add(role_counts, shared->capacity, role, 1);
             (void)core::owner_count_add(database_counts, shared->capacity, db, 1);
+        } else {
+            (void)core::owner_count_add(group_role_counts, shared->group_capacity, role, 1);
         }
     }
     LWLockRelease(counts_lock);
     return result;
+}
+
+bool quota_pool_full(QuotaPool pool) {
+    const int p = static_cast<int>(pool);
+    LWLockAcquire(counts_lock, LW_SHARED);
+    const bool full = shared->entries[p] >= pool_room[p];
+    LWLockRelease(counts_lock);
+    return full;
 }
 
 void quota_uncharge(QuotaPool pool, Oid role, Oid db) {
@@ -152,22 +180,41 @@ void quota_uncharge(QuotaPool pool, Oid role, Oid db) {
     if (pool == QuotaPool::kShared) {
         (void)core::owner_count_add(role_counts, shared->capacity, role, -1);
         (void)core::owner_count_add(database_counts, shared->capacity, db, -1);
+    } else {
+        (void)core::owner_count_add(group_role_counts, shared->group_capacity, role, -1);
     }
     LWLockRelease(counts_lock);
 }
 
 void quota_move(QuotaPool pool, Oid from, Oid to) {
-    if (from == to || pool != QuotaPool::kShared) {
+    if (from == to) {
         return;
     }
+    const bool shared_pool = pool == QuotaPool::kShared;
+    core::OwnerCount* counts = shared_pool ? role_counts : group_role_counts;
+    const uint32 capacity = shared_pool ? shared->capacity : shared->group_capacity;
     LWLockAcquire(counts_lock, LW_EXCLUSIVE);
-    (void)core::owner_count_add(role_counts, shared->capacity, from, -1);
-    (void)core::owner_count_add(role_counts, shared->capacity, to, 1);
+    (void)core::owner_count_add(counts, capacity, from, -1);
+    (void)core::owner_count_add(counts, capacity, to, 1);
     LWLockRelease(counts_lock);
 }
 
-void quota_raise(QuotaCheck refused, Oid role, Oid db) {
+void quota_raise(QuotaCheck refused, Oid role, Oid db, QuotaPool pool) {
     char buffer[16];
+    if (refused == QuotaCheck::kRoleQuota && pool == QuotaPool::kGroupLeases) {
+        ereport(ERROR,
+                (errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+                 errmsg("role \"%s\" holds its quota of pg_throttle queue group leases",
+                        role_name_or_oid(role, buffer, sizeof buffer)),
+                 errdetail(
+                     "A role may hold %lld group leases (pg_throttle.role_quota = %d%% of the "
+                     "%lld kept for queue groups).",
+                     static_cast<long long>(
+                         limit_of(role_quota_percent, pool_room[static_cast<int>(pool)])),
+                     role_quota_percent, static_cast<long long>(pool_room[static_cast<int>(pool)])),
+                 errhint("Complete or release the groups it holds, or have a superuser raise "
+                         "pg_throttle.role_quota for this role (ALTER ROLE ... SET).")));
+    }
     if (refused == QuotaCheck::kRoleQuota) {
         ereport(ERROR, (errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
                         errmsg("role \"%s\" holds its quota of pg_throttle registry entries",

@@ -36,9 +36,15 @@ enum class QuotaCheck { kOk, kRoleQuota, kDatabaseQuota, kFull };
 // Counts a new entry of database `db` owned by `role` (InvalidOid: counted
 // against the database only) in `pool`. With `enforce`, refuses it (and
 // counts nothing) when its pool is full (kFull) or, in kShared, the role or
-// the database already holds its quota, by the calling session's settings.
+// the database already holds its quota, or, in kGroupLeases, the role holds
+// its quota of that pool's room (pg_throttle.role_quota percent of it: no
+// role holds the room every queue's workers share), by the calling session's
+// settings.
 // Without, as when the server restores what it held, it always counts.
 QuotaCheck quota_charge(QuotaPool pool, Oid role, Oid db, bool enforce);
+// Whether `pool` holds as many entries as it has room for: the server puts
+// back no more than that at its start (a registry made smaller).
+bool quota_pool_full(QuotaPool pool);
 // The entry is gone.
 void quota_uncharge(QuotaPool pool, Oid role, Oid db);
 // The entry now belongs to `to` (a lock granted to another role). Not
@@ -46,7 +52,8 @@ void quota_uncharge(QuotaPool pool, Oid role, Oid db);
 void quota_move(QuotaPool pool, Oid from, Oid to);
 
 // Raises SQLSTATE 53400 for a refused charge, with a hint naming the GUC.
-[[noreturn]] void quota_raise(QuotaCheck refused, Oid role, Oid db);
+[[noreturn]] void quota_raise(QuotaCheck refused, Oid role, Oid db,
+                              QuotaPool pool = QuotaPool::kShared);
 
 // One row of throttle.usage.
 struct QuotaUsage {

@@ -14,6 +14,11 @@ namespace {
 constexpr EntryKind kKinds[] = {EntryKind::kResource, EntryKind::kBucket, EntryKind::kLock,
                                 EntryKind::kQueueBucket, EntryKind::kQueueGroupBucket};
 
+bool made_no_room(ClearResult result) {
+    return result == ClearResult::kFull || result == ClearResult::kRoleQuota ||
+           result == ClearResult::kDatabaseQuota;
+}
+
 // The clock (EntryClock) of the entries this session makes for `name`.
 uint8 own_clock_of(const text* name) {
     RegistryKey key;
@@ -64,7 +69,7 @@ Datum reset(FunctionCallInfo fcinfo) {
     // own clock also when it had no entry (registry_clear).
     const uint8 own_clock = own_clock_of(name);
     int32 removed = 0;
-    bool full = false;
+    ClearResult no_room = ClearResult::kAbsent;  // the first that made no room
     // A lock's grant is ended, not its entry removed: the earliest waiter
     // gets it, and the lease journal records the release.
     for (size_t i = 0; i < key_count; i++) {
@@ -73,8 +78,11 @@ Datum reset(FunctionCallInfo fcinfo) {
         }
         if (lock_reset(keys[i])) {
             removed++;
-        } else {
-            full |= registry_clear(keys[i], true) == ClearResult::kFull;
+            continue;
+        }
+        const ClearResult result = registry_clear(keys[i], true);
+        if (no_room == ClearResult::kAbsent && made_no_room(result)) {
+            no_room = result;
         }
     }
     // A checkpoint that still showed a removed resource would bring it back
@@ -85,21 +93,16 @@ Datum reset(FunctionCallInfo fcinfo) {
         if (static_cast<EntryKind>(keys[i].kind) == EntryKind::kLock) {
             continue;
         }
-        switch (registry_clear(keys[i], keys[i].clock == own_clock)) {
-            case ClearResult::kCleared:
-                removed++;
-                break;
-            case ClearResult::kFull:
-                full = true;
-                break;
-            case ClearResult::kAbsent:
-            case ClearResult::kMadeFree:
-                break;
+        const ClearResult result = registry_clear(keys[i], keys[i].clock == own_clock);
+        if (result == ClearResult::kCleared) {
+            removed++;
+        } else if (no_room == ClearResult::kAbsent && made_no_room(result)) {
+            no_room = result;
         }
     }
     checkpoint_end_forget();
-    if (full) {
-        registry_raise_full();  // a name under a crash rule could not be left free
+    if (no_room != ClearResult::kAbsent) {
+        registry_raise_no_room(no_room);  // a name under a crash rule could not be left free
     }
     PG_RETURN_INT32(removed);
 }

@@ -18,7 +18,7 @@ void standby_define_guc() {
         "Lets acquire, take, allow and wait decide on a hot standby from its own registry.",
         "Off, they refuse on a standby (25006): its registry is not shared with the primary, "
         "which may grant the same resource or units in the same interval.",
-        &standby_local, false, PGC_USERSET, 0, nullptr, nullptr, nullptr);
+        &standby_local, false, PGC_SUSET, 0, nullptr, nullptr, nullptr);
 }
 
 void standby_check_local_decision(EntryKind kind) {
@@ -26,12 +26,14 @@ void standby_check_local_decision(EntryKind kind) {
         !RecoveryInProgress()) {
         return;
     }
-    ereport(ERROR,
-            (errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
-             errmsg("cannot decide a pg_throttle %s on a standby", entry_kind_name(kind)),
-             errdetail("A standby's registry is its own: the primary never sees what it grants."),
-             errhint("Call it on the primary, or SET pg_throttle.standby_local = on for a "
-                     "decision that only this standby shares.")));
+    ereport(
+        ERROR,
+        (errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+         errmsg("cannot decide a pg_throttle %s on a standby", entry_kind_name(kind)),
+         errdetail("A standby's registry is its own: the primary never sees what it grants."),
+         errhint(
+             "Call it on the primary, or have a superuser SET pg_throttle.standby_local = on for a "
+             "decision that only this standby shares.")));
 }
 
 void standby_refuse(const char* function) {

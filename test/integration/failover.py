@@ -193,17 +193,19 @@ def restarted_as_primary(tap, primary, port):
         standby.close()
         pg_ctl(directory, "stop", "-m", "fast")
         stopped = time.time()
-        time.sleep(2)
-        # Granted by the old primary while the standby is down: 6 s from here.
-        granted = [one(primary, "SELECT throttle.acquire('sp.job', '6 seconds')")[0],
-                   one(primary, "SELECT allowed FROM throttle.take('sp.bucket', 1, '6 seconds', 1)")[0]]
+        time.sleep(6)
+        # Granted by the old primary while the standby is down, for 10 s:
+        # until about the shutdown + 16 s.
+        granted = [one(primary, "SELECT throttle.acquire('sp.job', '10 seconds')")[0],
+                   one(primary, "SELECT allowed FROM throttle.take('sp.bucket', 1, '10 seconds', 1)")[0]]
         os.unlink(os.path.join(directory, "data", "standby.signal"))
         pg_ctl(directory, "start")
-        # Past the shutdown + 6 s, inside the old primary's grant.
-        time.sleep(max(0.0, 6.5 - (time.time() - stopped)))
+        # Past the shutdown + 10 s (a rule from the shutdown would be over),
+        # inside the old primary's grant (5 s of slack for the calls).
+        time.sleep(max(0.0, 10.5 - (time.time() - stopped)))
         new = reconnect(host="127.0.0.1", port=port)
-        answers = [one(new, "SELECT throttle.acquire('sp.job', '6 seconds')")[0] for _ in range(2)]
-        takes = [one(new, "SELECT allowed FROM throttle.take('sp.bucket', 1, '6 seconds', 1)")[0]
+        answers = [one(new, "SELECT throttle.acquire('sp.job', '10 seconds')")[0] for _ in range(2)]
+        takes = [one(new, "SELECT allowed FROM throttle.take('sp.bucket', 1, '10 seconds', 1)")[0]
                  for _ in range(2)]
         tap.ok(granted == [True, True] and answers == [False, False] and takes == [False, False],
                "started as a primary without a promotion, it counts resources and buckets as "

@@ -89,7 +89,7 @@ def test_clock_apart(tap, conn, cur):
 
 
 def main():
-    tap = Tap(39)
+    tap = Tap(41)
     conn = connect()
     cur = conn.cursor()
     cur.execute("CREATE EXTENSION IF NOT EXISTS pg_throttle")
@@ -293,6 +293,32 @@ def group_leases(tap, conn):
     for ids, token, _ in held:
         worker.cursor().execute("SELECT throttle.complete(%s, %s)", (ids, token))
     worker.close()
+
+    # No role holds the whole room that every queue's workers share: at a
+    # role quota of 50 %, a role holds half of it, and another still claims.
+    hog = as_worker(role_quota=50)
+    schedule(hog, RUN + "hog", GROUP_ROOM // 2 + 1)
+    held = []
+    error = None
+    for n in range(GROUP_ROOM // 2 + 1):
+        try:
+            held.append(claim(hog, RUN + "hog", f"h{n}"))
+        except psycopg2.Error as e:
+            error = e
+            break
+    tap.ok(len(held) == GROUP_ROOM // 2 and error is not None and error.pgcode == "53400"
+           and "group leases" in str(error),
+           f"a role at a quota of 50 % holds {GROUP_ROOM // 2} group leases, then 53400",
+           repr((len(held), error)))
+    other = connect()
+    schedule(other, RUN + "other", 1)
+    got = claim(other, RUN + "other", "o1")
+    tap.is_(len(got[0]), 1, "and another role still claims a group")
+    other.cursor().execute("SELECT throttle.complete(%s, %s)", (got[0], got[1]))
+    other.close()
+    for ids, token, _ in held:
+        hog.cursor().execute("SELECT throttle.complete(%s, %s)", (ids, token))
+    hog.close()
     clear(cur)
     cur.execute("RESET pg_throttle.role_quota; RESET pg_throttle.database_quota")
 

@@ -11,7 +11,11 @@ namespace pg_throttle::pg {
 namespace {
 
 constexpr uint32 kMagic = 0x50475448;  // "PGTH"
-constexpr uint32 kFormatVersion = 5;   // 5: entries with their owner role
+// 5: entries with their owner role. 6: a standby's file says so
+// (kUnknownFromNextStart), which a reader of 5 would take for a rule in force
+// until the end of time.
+constexpr uint32 kFormatVersion = 6;
+constexpr uint32 kOwnerFormatVersion = 5;  // still read
 
 struct StateHeader {
     uint32 magic;
@@ -25,6 +29,14 @@ struct StateHeader {
     int64 buckets_unknown_since;
 };
 static_assert(std::is_trivially_copyable_v<StateHeader>);
+
+// A standby's file of format 5 set both rules to the time it was taken (a
+// primary's name the crash or promotion before it): read as format 6 says.
+bool written_by_a_standby(const StateHeader& header) {
+    return header.format_version == kOwnerFormatVersion &&
+           header.resources_unknown_since == header.taken_at &&
+           header.buckets_unknown_since == header.taken_at;
+}
 
 struct WriteState {
     FILE* file;
@@ -93,7 +105,8 @@ const char* state_file_read(const char* path, bool (*restore)(const RegistryEntr
         problem = "it is truncated";
     } else if (header.magic != kMagic) {
         problem = "it is not a pg_throttle state file";
-    } else if (header.format_version != kFormatVersion ||
+    } else if ((header.format_version != kFormatVersion &&
+                header.format_version != kOwnerFormatVersion) ||
                header.entry_size != sizeof(RegistryEntry)) {
         problem = "it was written by another version of pg_throttle";
     } else if (header.entries < 0) {
@@ -117,11 +130,13 @@ const char* state_file_read(const char* path, bool (*restore)(const RegistryEntr
             problem = "its checksum does not match";
         }
     }
-    // Verified: read the entries again, this time into the registry.
+    // Verified: read the entries again, this time into the registry (none
+    // of a standby's: they were its own, never the primary's).
+    const bool standby = written_by_a_standby(header);
     if (problem == nullptr && fseek(file, sizeof header, SEEK_SET) != 0) {
         problem = "it could not be re-read";
     }
-    for (int64 i = 0; problem == nullptr && i < header.entries; i++) {
+    for (int64 i = 0; problem == nullptr && !standby && i < header.entries; i++) {
         if (fread(&entry, 1, sizeof entry, file) != sizeof entry) {
             problem = "it is truncated";
         } else {
@@ -131,7 +146,8 @@ const char* state_file_read(const char* path, bool (*restore)(const RegistryEntr
     FreeFile(file);
     if (problem == nullptr) {
         *info = StateFileInfo{header.entries, header.last_token, header.taken_at,
-                              header.resources_unknown_since, header.buckets_unknown_since};
+                              standby ? kUnknownFromNextStart : header.resources_unknown_since,
+                              standby ? kUnknownFromNextStart : header.buckets_unknown_since};
     }
     return problem;
 }
