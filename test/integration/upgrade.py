@@ -95,6 +95,20 @@ UNION ALL
 SELECT 'config dump: ' || array_to_string(extconfig::regclass[]::text[], ',') || ' '
        || array_to_string(extcondition, ',')
 FROM pg_extension WHERE extname = 'pg_throttle'
+UNION ALL
+-- The extension's initial privileges, which pg_dump leaves out: an
+-- operator's grant recorded here would not survive a dump and restore.
+SELECT 'initial privileges ' || CASE i.classoid
+           WHEN 'pg_proc'::regclass THEN i.objoid::regprocedure::text
+           WHEN 'pg_class'::regclass THEN i.objoid::regclass::text
+           ELSE i.classoid::regclass::text END
+       || ' ' || i.objsubid || ': ' || i.initprivs::text
+FROM pg_init_privs i
+WHERE (i.classoid = 'pg_proc'::regclass
+       AND i.objoid IN (SELECT oid FROM pg_proc WHERE pronamespace = (SELECT oid FROM ns)))
+   OR (i.classoid = 'pg_class'::regclass
+       AND i.objoid IN (SELECT oid FROM pg_class WHERE relnamespace = (SELECT oid FROM ns)))
+   OR (i.classoid = 'pg_namespace'::regclass AND i.objoid = (SELECT oid FROM ns))
 ORDER BY 1
 """
 

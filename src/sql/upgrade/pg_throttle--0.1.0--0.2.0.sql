@@ -944,17 +944,34 @@ BEGIN
             IF NOT has_function_privilege('public', f.signature, 'EXECUTE') THEN
                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', f.signature);
             END IF;
-            CONTINUE;
+        ELSE
+            EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f.signature);
+            FOR granted IN SELECT a.grantee, a.is_grantable
+                           FROM pg_catalog.aclexplode(acl::aclitem[]) AS a
+                           WHERE a.privilege_type = 'EXECUTE'
+            LOOP
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s%s', f.signature,
+                               CASE WHEN granted.grantee = 0 THEN 'PUBLIC'
+                                    ELSE quote_ident(pg_catalog.pg_get_userbyid(granted.grantee)) END,
+                               CASE WHEN granted.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+            END LOOP;
         END IF;
-        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f.signature);
-        FOR granted IN SELECT a.grantee, a.is_grantable FROM pg_catalog.aclexplode(acl::aclitem[]) AS a
-                       WHERE a.privilege_type = 'EXECUTE'
-        LOOP
-            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s%s', f.signature,
-                           CASE WHEN granted.grantee = 0 THEN 'PUBLIC'
-                                ELSE quote_ident(pg_catalog.pg_get_userbyid(granted.grantee)) END,
-                           CASE WHEN granted.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
-        END LOOP;
+        -- Granted inside the extension's script, they would be recorded as
+        -- its initial privileges, which pg_dump leaves out: a dump restored
+        -- elsewhere would give PUBLIC back what the operator took. The
+        -- initial privileges stay those of a fresh install (purge's: its
+        -- owner's alone; the others': the default, with no record).
+        IF f.name = 'purge' THEN
+            UPDATE pg_catalog.pg_init_privs i
+            SET initprivs = ARRAY[pg_catalog.makeaclitem(p.proowner, p.proowner, 'EXECUTE', false)]
+            FROM pg_catalog.pg_proc p
+            WHERE p.oid = f.signature::regprocedure AND i.objoid = p.oid
+              AND i.classoid = 'pg_catalog.pg_proc'::regclass AND i.objsubid = 0;
+        ELSE
+            DELETE FROM pg_catalog.pg_init_privs
+            WHERE objoid = f.signature::regprocedure
+              AND classoid = 'pg_catalog.pg_proc'::regclass AND objsubid = 0;
+        END IF;
     END LOOP;
 END
 $$;
