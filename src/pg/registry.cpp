@@ -69,8 +69,8 @@ static_assert(std::is_trivially_copyable_v<RegistryShared>);
 RegistryShared* shared_state = nullptr;
 
 constexpr core::Micros kKnown = std::numeric_limits<core::Micros>::min();
-constexpr core::Micros kQuotaSweepEvery = 50'000;  // 50 ms
-constexpr core::Micros kTestClockQuiet = 10 * 60 * core::kUsPerSecond;
+constexpr core::Micros kQuotaSweepEvery = 50'000;                                 // 50 ms
+constexpr core::Micros kTestClockQuiet = core::Micros{600} * core::kUsPerSecond;  // 10 min
 
 // ilist.h's iteration macros assert types in a way C++ cannot compile: the
 // list is walked here, and an entry found from its link by its offset.

@@ -135,19 +135,18 @@ void quota_attach_shmem(int max_entries, LWLock* lock) {
 QuotaCheck quota_charge(QuotaPool pool, Oid role, Oid db, bool enforce) {
     const int p = static_cast<int>(pool);
     const bool shared_pool = pool == QuotaPool::kShared;
-    const int64 role_limit = limit_of(role_quota_percent);
+    // A role's share of its pool: of the registry, or of the group leases' room.
+    const int64 role_limit =
+        shared_pool ? limit_of(role_quota_percent) : limit_of(role_quota_percent, pool_room[p]);
     const int64 database_limit = limit_of(database_quota_percent);
-    const int64 group_role_limit = limit_of(role_quota_percent, pool_room[p]);
+    core::OwnerCount* role_table = shared_pool ? role_counts : group_role_counts;
+    const uint32 role_capacity = shared_pool ? shared->capacity : shared->group_capacity;
     QuotaCheck result = QuotaCheck::kOk;
     LWLockAcquire(counts_lock, LW_EXCLUSIVE);
     if (enforce && shared->entries[p] >= pool_room[p]) {
         result = QuotaCheck::kFull;
-    } else if (enforce && shared_pool && OidIsValid(role) &&
-               core::owner_count_of(role_counts, shared->capacity, role) >= role_limit) {
-        result = QuotaCheck::kRoleQuota;
-    } else if (enforce && !shared_pool && OidIsValid(role) &&
-               core::owner_count_of(group_role_counts, shared->group_capacity, role) >=
-                   group_role_limit) {
+    } else if (enforce && OidIsValid(role) &&
+               core::owner_count_of(role_table, role_capacity, role) >= role_limit) {
         result = QuotaCheck::kRoleQuota;
     } else if (enforce && shared_pool &&
                core::owner_count_of(database_counts, shared->capacity, db) >= database_limit) {
