@@ -350,6 +350,29 @@ void bear(RegistryEntry* entry, const EntryOp& op, core::Micros unknown_since,
 
 enum class Attempt { kDone, kFull, kRoleQuota, kDatabaseQuota };
 
+// Enters a new, free entry of `key` (clear_state) owned by `role`, counted
+// against its pool and, with their limits, the quotas; the caller holds the
+// partition's exclusive lock. nullptr, with the refusal in `refused`, when
+// there is no room.
+RegistryEntry* enter_entry(PartitionState& partition, const RegistryKey& key, uint32 hash, Oid role,
+                           QuotaCheck* refused) {
+    *refused = quota_charge(pool_of(key), role, key.dbid, true);
+    if (*refused != QuotaCheck::kOk) {
+        return nullptr;
+    }
+    auto* entry = static_cast<RegistryEntry*>(
+        hash_search_with_hash_value(registry, &key, hash, HASH_ENTER_NULL, nullptr));
+    if (entry == nullptr) {
+        quota_uncharge(pool_of(key), role, key.dbid);
+        *refused = QuotaCheck::kFull;
+        return nullptr;
+    }
+    link_entry(partition, entry);
+    clear_state(entry);
+    entry->owner = role;
+    return entry;
+}
+
 // One attempt: the shared read-only path, then the exclusive path.
 Attempt try_apply(const RegistryKey& key, uint32 hash, Oid role, const EntryOp& op, void* ctx) {
     LWLock* lock = partition_lock(hash);
@@ -405,7 +428,9 @@ Attempt try_apply(const RegistryKey& key, uint32 hash, Oid role, const EntryOp& 
     auto* entry = static_cast<RegistryEntry*>(
         hash_search_with_hash_value(registry, &key, hash, HASH_FIND, nullptr));
     if (entry == nullptr) {
-        switch (quota_charge(pool_of(key), role, key.dbid, true)) {
+        QuotaCheck refused = QuotaCheck::kOk;
+        entry = enter_entry(partition, key, hash, role, &refused);
+        switch (refused) {
             case QuotaCheck::kRoleQuota:
                 return Attempt::kRoleQuota;
             case QuotaCheck::kDatabaseQuota:
@@ -415,15 +440,6 @@ Attempt try_apply(const RegistryKey& key, uint32 hash, Oid role, const EntryOp& 
             case QuotaCheck::kOk:
                 break;
         }
-        entry = static_cast<RegistryEntry*>(
-            hash_search_with_hash_value(registry, &key, hash, HASH_ENTER_NULL, nullptr));
-        if (entry == nullptr) {
-            quota_uncharge(pool_of(key), role, key.dbid);
-            return Attempt::kFull;
-        }
-        link_entry(partition, entry);
-        clear_state(entry);
-        entry->owner = role;
         if (unknown_since.has_value() && op.born != nullptr) {
             bear(entry, op, *unknown_since, moved_in_at, ctx);
         }
@@ -754,8 +770,9 @@ ClearResult registry_clear(const RegistryKey& key, bool create_if_absent) {
         }
         if (entry == nullptr) {
             // Counted against the operator's role, within its quotas.
-            const QuotaPool pool = pool_of(key);
-            switch (quota_charge(pool, role, key.dbid, true)) {
+            QuotaCheck refused = QuotaCheck::kOk;
+            entry = enter_entry(partition, key, hash, role, &refused);
+            switch (refused) {
                 case QuotaCheck::kFull:
                     return ClearResult::kFull;
                 case QuotaCheck::kRoleQuota:
@@ -765,15 +782,6 @@ ClearResult registry_clear(const RegistryKey& key, bool create_if_absent) {
                 case QuotaCheck::kOk:
                     break;
             }
-            entry = static_cast<RegistryEntry*>(
-                hash_search_with_hash_value(registry, &key, hash, HASH_ENTER_NULL, nullptr));
-            if (entry == nullptr) {
-                quota_uncharge(pool, role, key.dbid);
-                return ClearResult::kFull;
-            }
-            link_entry(partition, entry);
-            clear_state(entry);
-            entry->owner = role;
             result = ClearResult::kMadeFree;
         } else {
             // Known free from now on, not born: the rule does not bring it

@@ -125,6 +125,35 @@ void fence_continue_from_limit() {
     atomic_raise(&fence->last_token, fence->limit);
 }
 
+namespace {
+
+// With extend_lock held (released here): makes a limit of at least `wanted`
+// durable and, once the synchronous standbys have it, the one in force. WAL
+// first: a crash after it replays the new limit whatever the file holds.
+// Never below a limit already written (written_limit), which a writer still
+// waiting for the standbys has not put in force yet. Nothing under the lock
+// raises an error; `failure` is the error when the file cannot be written.
+void raise_limit_durably(int64 wanted, const char* failure) {
+    const int64 new_limit = std::max(wanted, fence->written_limit);
+    const XLogRecPtr lsn = wal_log_fence_limit(new_limit);
+    XLogFlush(lsn);
+    const bool written = write_limit_file(new_limit, LOG);
+    if (written) {
+        fence->written_limit = new_limit;
+    }
+    LWLockRelease(extend_lock);
+    if (!written) {
+        ereport(ERROR, (errcode(ERRCODE_IO_ERROR), errmsg("%s", failure)));
+    }
+    // Synchronous standbys must have the limit before tokens under it are
+    // used: a promoted standby resumes above it. Until then nobody uses it (a
+    // cancel raises an error here, and the next caller writes one of its own).
+    wait_for_sync_standbys(lsn);
+    atomic_raise(&fence->limit, new_limit);
+}
+
+}  // namespace
+
 void fence_reserve_ahead() {
     if (RecoveryInProgress()) {
         ereport(ERROR, (errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
@@ -144,26 +173,8 @@ void fence_reserve_ahead() {
         LWLockRelease(extend_lock);
         return;
     }
-    // WAL first: a crash after it replays the new limit whatever the file
-    // holds. The lock only orders writers of the limit; nothing under it
-    // raises an error.
-    const int64 new_limit = std::max(std::max(limit, last) + kBlock, fence->written_limit);
-    const XLogRecPtr lsn = wal_log_fence_limit(new_limit);
-    XLogFlush(lsn);
-    const bool written = write_limit_file(new_limit, LOG);
-    if (written) {
-        fence->written_limit = new_limit;
-    }
-    LWLockRelease(extend_lock);
-    if (!written) {
-        ereport(ERROR, (errcode(ERRCODE_IO_ERROR),
-                        errmsg("could not make a block of fence tokens durable")));
-    }
-    // Synchronous standbys must have the block before its tokens are used: a
-    // promoted standby resumes above it. Until then nobody uses it (a cancel
-    // raises an error here, and the next caller writes a block of its own).
-    wait_for_sync_standbys(lsn);
-    atomic_raise(&fence->limit, new_limit);
+    raise_limit_durably(std::max(limit, last) + kBlock,
+                        "could not make a block of fence tokens durable");
 }
 
 int64 fence_advance_past(int64 past) {
@@ -180,22 +191,8 @@ int64 fence_advance_past(int64 past) {
         atomic_raise(&fence->last_token, past);
         return fence_last();
     }
-    // As fence_reserve_ahead: WAL first, then the file; a block above `past`
-    // so that the next grants need no write.
-    const int64 new_limit = std::max(past + kBlock, fence->written_limit);
-    const XLogRecPtr lsn = wal_log_fence_limit(new_limit);
-    XLogFlush(lsn);
-    const bool written = write_limit_file(new_limit, LOG);
-    if (written) {
-        fence->written_limit = new_limit;
-    }
-    LWLockRelease(extend_lock);
-    if (!written) {
-        ereport(ERROR, (errcode(ERRCODE_IO_ERROR),
-                        errmsg("could not make the advanced fence limit durable")));
-    }
-    wait_for_sync_standbys(lsn);
-    atomic_raise(&fence->limit, new_limit);
+    // A block above `past`, so that the next grants need no write.
+    raise_limit_durably(past + kBlock, "could not make the advanced fence limit durable");
     atomic_raise(&fence->last_token, past);
     return fence_last();
 }
