@@ -71,6 +71,7 @@ RegistryShared* shared_state = nullptr;
 constexpr core::Micros kKnown = std::numeric_limits<core::Micros>::min();
 constexpr core::Micros kQuotaSweepEvery = 50'000;                                 // 50 ms
 constexpr core::Micros kTestClockQuiet = core::Micros{600} * core::kUsPerSecond;  // 10 min
+constexpr core::Micros kClearedKept = core::Micros{600} * core::kUsPerSecond;     // 10 min
 
 // ilist.h's iteration macros assert types in a way C++ cannot compile: the
 // list is walked here, and an entry found from its link by its offset.
@@ -104,12 +105,30 @@ PartitionState& partition_state_of(const RegistryEntry& entry) {
 
 // Under the entry's partition lock, shared or exclusive: the CAS keeps two
 // holders of the shared lock from losing each other's lowering.
-void lower_reclaim_not_before(PartitionState& partition, core::Micros expires_at) {
+void lower_reclaim_not_before(PartitionState& partition, core::Micros at) {
     core::Micros seen = __atomic_load_n(&partition.reclaim_not_before, __ATOMIC_RELAXED);
-    while (expires_at < seen &&
-           !__atomic_compare_exchange_n(&partition.reclaim_not_before, &seen, expires_at, true,
-                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    while (at < seen && !__atomic_compare_exchange_n(&partition.reclaim_not_before, &seen, at, true,
+                                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
     }
+}
+
+// When a real-clock sweep may first drop `entry` (registry_reclaimable): its
+// expiry; for a test clock's entry, the end of the test clock's quiet period;
+// for a resource or bucket that throttle.reset left free under a crash rule
+// (registry_clear: never granted since, its granted_at the reset),
+// kClearedKept after the reset, so that the name stays clear for that long
+// whatever the pressure on the registry.
+core::Micros reclaim_time(const RegistryEntry& entry) {
+    if (entry.key.clock == static_cast<uint8>(EntryClock::kTest)) {
+        return core::saturating_add(
+            __atomic_load_n(&shared_state->last_test_clock_use, __ATOMIC_RELAXED), kTestClockQuiet);
+    }
+    const auto kind = static_cast<EntryKind>(entry.key.kind);
+    if (entry.expires_at == kLongExpired && !entry.born &&
+        (kind == EntryKind::kResource || entry_kind_is_bucket(kind))) {
+        return core::saturating_add(entry.granted_at, kClearedKept);
+    }
+    return entry.expires_at;
 }
 
 // The clock of the entries this session makes and sees, for kinds that
@@ -211,7 +230,7 @@ void retire_counters(PartitionState& partition, const RegistryEntry& entry) {
     }
 }
 
-// Queue groups' leases have room of their own, under no quota
+// Queue groups' leases have room of their own, with a per-role share of it
 // (registry_quota.hpp); every other kind shares pg_throttle.max_entries.
 QuotaPool pool_of(const RegistryKey& key) {
     return key.kind == static_cast<uint8>(EntryKind::kQueueGroup) ? QuotaPool::kGroupLeases
@@ -273,8 +292,8 @@ long reclaim_partition(int index, core::Micros now, std::optional<core::Micros> 
             if (reclaimable) {
                 remove_entry(partition, entry);
                 reclaimed++;
-            } else if (!on_test_clock(*entry) && entry->expires_at < earliest_survivor) {
-                earliest_survivor = entry->expires_at;
+            } else {
+                earliest_survivor = std::min(earliest_survivor, reclaim_time(*entry));
             }
         });
         partition.reclaim_not_before = earliest_survivor;
@@ -461,9 +480,7 @@ Attempt try_apply(const RegistryKey& key, uint32 hash, Oid role, const EntryOp& 
     const Oid owner_before = entry->owner;
     op.apply_exclusive(entry, ctx);
     settle_owner(*entry, owner_before);
-    if (!on_test_clock(*entry)) {
-        lower_reclaim_not_before(partition, entry->expires_at);
-    }
+    lower_reclaim_not_before(partition, reclaim_time(*entry));
     return Attempt::kDone;
 }
 
@@ -641,7 +658,7 @@ void registry_update_existing(const RegistryKey& key,
         const Oid owner_before = entry->owner;
         update(entry, ctx);
         settle_owner(*entry, owner_before);
-        lower_reclaim_not_before(partition_state(partition_of(hash)), entry->expires_at);
+        lower_reclaim_not_before(partition_state(partition_of(hash)), reclaim_time(*entry));
     }
 }
 
@@ -665,7 +682,7 @@ bool registry_upsert(const RegistryKey& key, void (*update)(RegistryEntry* entry
                 const Oid owner_before = entry->owner;
                 update(entry, ctx);
                 settle_owner(*entry, owner_before);
-                lower_reclaim_not_before(partition, entry->expires_at);
+                lower_reclaim_not_before(partition, reclaim_time(*entry));
                 return true;
             }
         }
@@ -675,13 +692,13 @@ bool registry_upsert(const RegistryKey& key, void (*update)(RegistryEntry* entry
 }
 
 bool registry_reclaimable(const RegistryEntry& entry, core::Micros now) {
-    if (now < entry.expires_at) {
-        return false;
+    if (on_test_clock(entry)) {
+        // Whatever its time on the test clock: no test has used that clock
+        // for kTestClockQuiet (none since the server started, after a restart).
+        return now >= reclaim_time(entry);
     }
-    if (on_test_clock(entry) &&
-        now - __atomic_load_n(&shared_state->last_test_clock_use, __ATOMIC_RELAXED) <
-            kTestClockQuiet) {
-        return false;  // a test may still be running on it
+    if (now < reclaim_time(entry)) {
+        return false;
     }
     const auto kind = static_cast<EntryKind>(entry.key.kind);
     const bool lock_kind = kind == EntryKind::kLock || kind == EntryKind::kQueueGroup;
@@ -718,7 +735,7 @@ bool registry_restore(const RegistryEntry& saved) {
            reinterpret_cast<const char*>(&saved) + kEntryStateOffset,
            sizeof(RegistryEntry) - kEntryStateOffset);
     (void)quota_charge(pool_of(entry->key), entry->owner, entry->key.dbid, false);
-    lower_reclaim_not_before(partition, entry->expires_at);
+    lower_reclaim_not_before(partition, reclaim_time(*entry));
     return true;
 }
 
@@ -743,8 +760,9 @@ bool registry_remove(const RegistryKey& key) {
     return true;
 }
 
-ClearResult registry_clear(const RegistryKey& key, bool create_if_absent) {
-    registry_notice_promotion();
+namespace {
+
+ClearResult clear_once(const RegistryKey& key, bool create_if_absent) {
     const uint32 hash = get_hash_value(registry, &key);
     const bool rule = unknown_since_of(key.kind).has_value();
     const Oid role = GetUserId();
@@ -795,8 +813,23 @@ ClearResult registry_clear(const RegistryKey& key, bool create_if_absent) {
             entry->denials = denials;
             result = ClearResult::kCleared;
         }
-        // It constrains nobody: a sweep for room may take it.
-        lower_reclaim_not_before(partition, entry->expires_at);
+        entry->granted_at = GetCurrentTimestamp();
+        // A sweep for room may take it kClearedKept from now.
+        lower_reclaim_not_before(partition, reclaim_time(*entry));
+    }
+    return result;
+}
+
+}  // namespace
+
+ClearResult registry_clear(const RegistryKey& key, bool create_if_absent) {
+    registry_notice_promotion();
+    ClearResult result = clear_once(key, create_if_absent);
+    if (result == ClearResult::kFull || result == ClearResult::kRoleQuota ||
+        result == ClearResult::kDatabaseQuota) {
+        // As registry_apply: expired entries make room, then once more.
+        reclaim_expired();
+        result = clear_once(key, create_if_absent);
     }
     return result;
 }

@@ -153,9 +153,10 @@ void registry_apply(const RegistryKey& key, const EntryOp& op, void* ctx);
 
 // Whether an entry constrains nobody at `now` (the real clock: the decision
 // is shared by every session) and may be dropped: its expiry has passed and
-// no backend is queued for it. Never an entry of the test clock
-// (EntryClock::kTest), which the real clock cannot judge: only a sweep run by
-// a session on the test clock drops those, by its clock.
+// no backend is queued for it. An entry of the test clock (EntryClock::kTest),
+// which the real clock cannot judge, only once no session has used the test
+// clock for 10 minutes (a sweep run by a session on the test clock also drops
+// those its clock says have expired).
 bool registry_reclaimable(const RegistryEntry& entry, core::Micros now);
 
 // Runs `update` on the entry of `key` only if it exists, under the exclusive lock.
@@ -223,9 +224,10 @@ bool registry_remove(const RegistryKey& key);
 // grantable at once, a bucket full), and an absent name is given such an
 // entry when `create_if_absent` (kMadeFree; counted against the caller's
 // role and database like any new entry: kFull, kRoleQuota or kDatabaseQuota
-// when there is no room). A lock's existing entry is never touched here
-// (lock_reset ends its grant). Raises nothing. A sweep may reclaim a free
-// entry when the registry needs room, as any entry that constrains nobody.
+// when there is no room, after a sweep for room). A lock's existing entry is never touched here
+// (lock_reset ends its grant). Raises nothing. A sweep for room leaves a free
+// entry alone for 10 minutes after the reset, then may reclaim it as any
+// entry that constrains nobody.
 enum class ClearResult { kAbsent, kCleared, kMadeFree, kFull, kRoleQuota, kDatabaseQuota };
 ClearResult registry_clear(const RegistryKey& key, bool create_if_absent);
 

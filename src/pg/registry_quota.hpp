@@ -7,9 +7,10 @@
 // the role that created it; for a lock, the role holding it), and against
 // the room of its pool: pg_throttle.max_entries for every kind but one, and
 // room of its own beside it for the queue groups' leases, which count
-// against no quota (a lease stands for claimed rows of throttle.event, so
-// the events a role may claim bound it): neither a role's own keys nor a
-// registry full of other roles' entries can stop its queue workers. The
+// against neither quota of the shared registry, only against their owner's
+// share of their own room (pg_throttle.role_quota percent of it): neither a
+// role's own keys, nor a registry full of other roles' entries, nor one role
+// holding every group can stop a role's queue workers. The
 // counts live in shared memory under a lock of their own, taken after a
 // partition lock and never before one; nothing here raises or sleeps under it.
 #pragma once
@@ -24,7 +25,7 @@ Size quota_shmem_size(int max_entries);
 void quota_attach_shmem(int max_entries, LWLock* lock);
 
 // Where an entry has its room: kShared (pg_throttle.max_entries, under the
-// quotas) or kGroupLeases (quota_group_lease_room, no quota).
+// quotas) or kGroupLeases (quota_group_lease_room, under the role share alone).
 enum class QuotaPool : uint8 { kShared = 0, kGroupLeases = 1 };
 
 // The room kept for queue groups' leases beside pg_throttle.max_entries: a

@@ -420,6 +420,30 @@ def checkpoint_cycles(tap, conn, data_dir, checkpoint):
            for _ in range(3)]
     tap.ok(got == [True, True, False], "reset, it is full: its burst of 2 passes, then no more",
            repr(got))
+    # A reset that needs room sweeps for it first, as any call does.
+    execute(conn, "SET pg_throttle.role_quota = 1")  # 1 000 of the 100 000 entries
+    held = one(conn, "SELECT entries FROM throttle.usage WHERE scope = 'role' "
+                     "AND name = current_user")[0]
+    one(conn, "SELECT count(throttle.acquire('cq.' || g, '1 millisecond')) "
+              "FROM generate_series(1, %s) g", (1000 - held,))
+    tap.is_(one(conn, "SELECT entries FROM throttle.usage WHERE scope = 'role' "
+                      "AND name = current_user")[0], 1000,
+            "the role holds its quota (1 000 entries, expired)")
+    time.sleep(0.1)
+    got = [one(conn, "SELECT throttle.reset('cy.roomless')")[0] >= 0,
+           one(conn, "SELECT throttle.acquire('cy.roomless', '1 hour')")[0]]
+    tap.ok(got == [True, True], "a reset at its role's quota of expired entries sweeps for room, "
+           "and the name it clears is granted", repr(got))
+    # What it clears outlives the sweeps of the next minutes.
+    one(conn, "SELECT throttle.reset('cy.kept')")
+    one(conn, "SELECT count(throttle.acquire('cr.' || g, '1 millisecond')) FROM "
+              "generate_series(1, 1000 - (SELECT entries FROM throttle.usage WHERE scope = 'role' "
+              "AND name = current_user)) g")
+    time.sleep(0.1)
+    one(conn, "SELECT throttle.acquire('cr.sweep', '1 hour')")  # at the quota: a sweep
+    execute(conn, "RESET pg_throttle.role_quota")
+    tap.ok(twice(conn, "SELECT throttle.acquire('cy.kept', '1 hour')") == [True, False],
+           "a name reset under the rule, then a sweep for room: still clear (two calls)")
     one(conn, "SELECT throttle.reset('cy.later')")
     conn.close()
     pg_ctlcluster("restart", "-m", "fast")
@@ -454,7 +478,7 @@ def checkpoint_cycles(tap, conn, data_dir, checkpoint):
 PHASES = {"backend": (backend_killed, CHECKS_PER_FAULT + 21),
           "postmaster": (postmaster_killed, CHECKS_PER_FAULT + 19),
           "damaged-checkpoint": (damaged_checkpoint, 4),
-          "cycles": (checkpoint_cycles, 22)}
+          "cycles": (checkpoint_cycles, 25)}
 
 
 def main():

@@ -21,6 +21,7 @@ import time
 import psycopg2
 
 sys.path.insert(0, os.path.dirname(__file__))
+from cluster import pg_ctlcluster, reconnect  # noqa: E402
 from pgconn import connect, most_at_once, one, sql_error  # noqa: E402
 from tap import Tap  # noqa: E402
 
@@ -88,8 +89,31 @@ def test_clock_apart(tap, conn, cur):
     tester.close()
 
 
+def test_clock_after_restart(tap, conn):
+    """A test clock's entries do not hold the registry for good: after a
+    restart no test has used the test clock, and a sweep on the real clock
+    drops them, whatever their time on the test clock (2100)."""
+    clear(conn.cursor())
+    tester = connect()
+    tcur = tester.cursor()
+    tcur.execute("SET pg_throttle.test_clock = '2100-01-01 00:00:00+00'")
+    tap.is_(grants(tcur, "tc.fill.", 1, CAPACITY, "1 day"), CAPACITY,
+            "a session on the test clock fills the registry")
+    tester.close()
+    err = sql_error(conn, "SELECT throttle.acquire('tc.real', '1 hour')")
+    tap.ok(err is not None and err[0] == "53200",
+           "while the test clock was used just now, a real-clock call finds no room", repr(err))
+    conn.close()
+    pg_ctlcluster("restart", "-m", "fast")
+    conn = reconnect()
+    answers = [one(conn, "SELECT throttle.acquire('tc.real', '1 hour')")[0] for _ in range(2)]
+    tap.ok(answers == [True, False], "after a restart a sweep drops them: granted, once",
+           repr(answers))
+    return conn
+
+
 def main():
-    tap = Tap(41)
+    tap = Tap(44)
     conn = connect()
     cur = conn.cursor()
     cur.execute("CREATE EXTENSION IF NOT EXISTS pg_throttle")
@@ -152,6 +176,8 @@ def main():
     tap.is_(allowed(cur, "full.new-bucket.", "1 hour"), 50, "full buckets were reclaimed for 50 new ones")
     tap.is_(allowed(cur, "full.counting.", "1 hour"), 0, "no counting bucket was dropped: all 50 still deny")
     test_clock_apart(tap, conn, cur)
+    conn = test_clock_after_restart(tap, conn)
+    cur = conn.cursor()
     clear(cur)
     try:
         group_leases(tap, conn)
