@@ -118,8 +118,13 @@ void lower_reclaim_not_before(PartitionState& partition, core::Micros at) {
 // (registry_clear: never granted since, its granted_at the reset),
 // kClearedKept after the reset, so that the name stays clear for that long
 // whatever the pressure on the registry.
+// Whether the entry is timed by the test clock (EntryClock::kTest).
+bool on_test_clock(const RegistryEntry& entry) {
+    return entry.key.clock == static_cast<uint8>(EntryClock::kTest);
+}
+
 core::Micros reclaim_time(const RegistryEntry& entry) {
-    if (entry.key.clock == static_cast<uint8>(EntryClock::kTest)) {
+    if (on_test_clock(entry)) {
         return core::saturating_add(
             __atomic_load_n(&shared_state->last_test_clock_use, __ATOMIC_RELAXED), kTestClockQuiet);
     }
@@ -252,11 +257,6 @@ void settle_owner(const RegistryEntry& entry, Oid owner_before) {
     if (entry.owner != owner_before) {
         quota_move(pool_of(entry.key), owner_before, entry.owner);
     }
-}
-
-// Whether the entry is timed by the test clock (EntryClock::kTest).
-bool on_test_clock(const RegistryEntry& entry) {
-    return entry.key.clock == static_cast<uint8>(EntryClock::kTest);
 }
 
 // Written at most once a second: tests are not a hot path, but many
@@ -608,8 +608,13 @@ Oid registry_caller_role(EntryKind kind) {
 }
 
 void registry_apply(const RegistryKey& key, const EntryOp& op, void* ctx) {
-    standby_check_local_decision(static_cast<EntryKind>(key.kind));
-    registry_notice_promotion();
+    // Only a standby (or a server no call has told of its promotion yet)
+    // awaits its promotion, and only there may a call have to be refused: a
+    // primary pays one load of the flag, as before.
+    if (registry_awaiting_promotion()) {
+        standby_check_local_decision(static_cast<EntryKind>(key.kind));
+        registry_notice_promotion();
+    }
     if (key.clock == static_cast<uint8>(EntryClock::kTest)) {
         note_test_clock_use();
     }
@@ -762,7 +767,7 @@ bool registry_remove(const RegistryKey& key) {
 
 namespace {
 
-ClearResult clear_once(const RegistryKey& key, bool create_if_absent) {
+ClearResult clear_once(const RegistryKey& key, bool create_if_absent, QuotaCheck* refused) {
     const uint32 hash = get_hash_value(registry, &key);
     const bool rule = unknown_since_of(key.kind).has_value();
     const Oid role = GetUserId();
@@ -788,17 +793,9 @@ ClearResult clear_once(const RegistryKey& key, bool create_if_absent) {
         }
         if (entry == nullptr) {
             // Counted against the operator's role, within its quotas.
-            QuotaCheck refused = QuotaCheck::kOk;
-            entry = enter_entry(partition, key, hash, role, &refused);
-            switch (refused) {
-                case QuotaCheck::kFull:
-                    return ClearResult::kFull;
-                case QuotaCheck::kRoleQuota:
-                    return ClearResult::kRoleQuota;
-                case QuotaCheck::kDatabaseQuota:
-                    return ClearResult::kDatabaseQuota;
-                case QuotaCheck::kOk:
-                    break;
+            entry = enter_entry(partition, key, hash, role, refused);
+            if (entry == nullptr) {
+                return ClearResult::kNoRoom;
             }
             result = ClearResult::kMadeFree;
         } else {
@@ -822,25 +819,22 @@ ClearResult clear_once(const RegistryKey& key, bool create_if_absent) {
 
 }  // namespace
 
-ClearResult registry_clear(const RegistryKey& key, bool create_if_absent) {
+ClearResult registry_clear(const RegistryKey& key, bool create_if_absent, QuotaCheck* refused) {
     registry_notice_promotion();
-    ClearResult result = clear_once(key, create_if_absent);
-    if (result == ClearResult::kFull || result == ClearResult::kRoleQuota ||
-        result == ClearResult::kDatabaseQuota) {
+    ClearResult result = clear_once(key, create_if_absent, refused);
+    if (result == ClearResult::kNoRoom) {
         // As registry_apply: expired entries make room, then once more.
         reclaim_expired();
-        result = clear_once(key, create_if_absent);
+        result = clear_once(key, create_if_absent, refused);
     }
     return result;
 }
 
-void registry_raise_no_room(ClearResult result) {
-    if (result == ClearResult::kRoleQuota || result == ClearResult::kDatabaseQuota) {
-        quota_raise(
-            result == ClearResult::kRoleQuota ? QuotaCheck::kRoleQuota : QuotaCheck::kDatabaseQuota,
-            GetUserId(), MyDatabaseId);
+void registry_raise_no_room(QuotaCheck refused) {
+    if (refused == QuotaCheck::kFull) {
+        raise_full(QuotaPool::kShared);
     }
-    raise_full(QuotaPool::kShared);
+    quota_raise(refused, GetUserId(), MyDatabaseId);
 }
 
 void registry_mark_unknown_since(EntryKind kind, core::Micros restart) {

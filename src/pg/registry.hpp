@@ -13,6 +13,7 @@
 
 #include "core/names.hpp"
 #include "core/time_math.hpp"
+#include "pg/registry_quota.hpp"
 
 #include <limits>
 #include <optional>
@@ -223,17 +224,16 @@ bool registry_remove(const RegistryKey& key);
 // state, so the entry is left free and known instead (not born: a resource
 // grantable at once, a bucket full), and an absent name is given such an
 // entry when `create_if_absent` (kMadeFree; counted against the caller's
-// role and database like any new entry: kFull, kRoleQuota or kDatabaseQuota
-// when there is no room, after a sweep for room). A lock's existing entry is never touched here
-// (lock_reset ends its grant). Raises nothing. A sweep for room leaves a free
-// entry alone for 10 minutes after the reset, then may reclaim it as any
-// entry that constrains nobody.
-enum class ClearResult { kAbsent, kCleared, kMadeFree, kFull, kRoleQuota, kDatabaseQuota };
-ClearResult registry_clear(const RegistryKey& key, bool create_if_absent);
+// role and database like any new entry: kNoRoom, with the refusal in
+// `refused`, when there is none after a sweep for room). A lock's existing entry is never touched
+// here (lock_reset ends its grant). Raises nothing. A sweep for room leaves a free entry alone for
+// 10 minutes after the reset, then may reclaim it as any entry that constrains nobody.
+enum class ClearResult { kAbsent, kCleared, kMadeFree, kNoRoom };
+ClearResult registry_clear(const RegistryKey& key, bool create_if_absent, QuotaCheck* refused);
 
-// The error of a ClearResult that made no room: 53200 (full) or 53400 (a
-// quota of the calling role or of the current database).
-[[noreturn]] void registry_raise_no_room(ClearResult result);
+// The error of a refusal for want of room: 53200 (full) or 53400 (a quota of
+// the calling role or of the current database).
+[[noreturn]] void registry_raise_no_room(QuotaCheck refused);
 
 // Calls `visit` for each entry of the current database still in force at
 // `now` (throttle.lock's locks: in real time). Each partition's entries are

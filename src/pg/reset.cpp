@@ -14,19 +14,6 @@ namespace {
 constexpr EntryKind kKinds[] = {EntryKind::kResource, EntryKind::kBucket, EntryKind::kLock,
                                 EntryKind::kQueueBucket, EntryKind::kQueueGroupBucket};
 
-bool made_no_room(ClearResult result) {
-    return result == ClearResult::kFull || result == ClearResult::kRoleQuota ||
-           result == ClearResult::kDatabaseQuota;
-}
-
-// The clock (EntryClock) of the entries this session makes for `name`.
-uint8 own_clock_of(const text* name) {
-    RegistryKey key;
-    registry_make_key(EntryKind::kResource, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name), "name",
-                      &key);
-    return key.clock;
-}
-
 Datum reset(FunctionCallInfo fcinfo) {
     registry_require();
     require_not_null(fcinfo, 0, "name");
@@ -35,6 +22,7 @@ Datum reset(FunctionCallInfo fcinfo) {
     // A resource or bucket may have an entry on each clock (EntryClock): an
     // operator clears the name, whatever clock made it.
     RegistryKey keys[2 * std::size(kKinds)];
+    bool own_clock[std::size(keys)];  // the clock this session's entries of the kind have
     size_t key_count = 0;
     for (const EntryKind kind : kKinds) {
         if (only != nullptr && strcmp(only, entry_kind_name(kind)) != 0) {
@@ -44,11 +32,14 @@ Datum reset(FunctionCallInfo fcinfo) {
         registry_make_key(kind, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name), entry_kind_name(kind),
                           &key);
         if (!entry_kind_follows_clock(kind)) {
+            own_clock[key_count] = true;
             keys[key_count++] = key;
             continue;
         }
+        const uint8 session_clock = key.clock;
         for (const EntryClock clock : {EntryClock::kReal, EntryClock::kTest}) {
             key.clock = static_cast<uint8>(clock);
+            own_clock[key_count] = key.clock == session_clock;
             keys[key_count++] = key;
         }
     }
@@ -67,9 +58,8 @@ Datum reset(FunctionCallInfo fcinfo) {
     // Under a crash rule, a name is left known free rather than absent (an
     // absent name would be born again in the rule's state), on the session's
     // own clock also when it had no entry (registry_clear).
-    const uint8 own_clock = own_clock_of(name);
     int32 removed = 0;
-    ClearResult no_room = ClearResult::kAbsent;  // the first that made no room
+    QuotaCheck no_room = QuotaCheck::kOk;  // the first refusal for want of room
     // A lock's grant is ended, not its entry removed: the earliest waiter
     // gets it, and the lease journal records the release.
     for (size_t i = 0; i < key_count; i++) {
@@ -80,9 +70,10 @@ Datum reset(FunctionCallInfo fcinfo) {
             removed++;
             continue;
         }
-        const ClearResult result = registry_clear(keys[i], true);
-        if (no_room == ClearResult::kAbsent && made_no_room(result)) {
-            no_room = result;
+        QuotaCheck refused = QuotaCheck::kOk;
+        if (registry_clear(keys[i], true, &refused) == ClearResult::kNoRoom &&
+            no_room == QuotaCheck::kOk) {
+            no_room = refused;
         }
     }
     // A checkpoint that still showed a removed resource would bring it back
@@ -93,15 +84,16 @@ Datum reset(FunctionCallInfo fcinfo) {
         if (static_cast<EntryKind>(keys[i].kind) == EntryKind::kLock) {
             continue;
         }
-        const ClearResult result = registry_clear(keys[i], keys[i].clock == own_clock);
+        QuotaCheck refused = QuotaCheck::kOk;
+        const ClearResult result = registry_clear(keys[i], own_clock[i], &refused);
         if (result == ClearResult::kCleared) {
             removed++;
-        } else if (no_room == ClearResult::kAbsent && made_no_room(result)) {
-            no_room = result;
+        } else if (result == ClearResult::kNoRoom && no_room == QuotaCheck::kOk) {
+            no_room = refused;
         }
     }
     checkpoint_end_forget();
-    if (no_room != ClearResult::kAbsent) {
+    if (no_room != QuotaCheck::kOk) {
         registry_raise_no_room(no_room);  // a name under a crash rule could not be left free
     }
     PG_RETURN_INT32(removed);
