@@ -112,17 +112,17 @@ void lower_reclaim_not_before(PartitionState& partition, core::Micros at) {
     }
 }
 
+// Whether the entry is timed by the test clock (EntryClock::kTest).
+bool on_test_clock(const RegistryEntry& entry) {
+    return entry.key.clock == static_cast<uint8>(EntryClock::kTest);
+}
+
 // When a real-clock sweep may first drop `entry` (registry_reclaimable): its
 // expiry; for a test clock's entry, the end of the test clock's quiet period;
 // for a resource or bucket that throttle.reset left free under a crash rule
 // (registry_clear: never granted since, its granted_at the reset),
 // kClearedKept after the reset, so that the name stays clear for that long
 // whatever the pressure on the registry.
-// Whether the entry is timed by the test clock (EntryClock::kTest).
-bool on_test_clock(const RegistryEntry& entry) {
-    return entry.key.clock == static_cast<uint8>(EntryClock::kTest);
-}
-
 core::Micros reclaim_time(const RegistryEntry& entry) {
     if (on_test_clock(entry)) {
         return core::saturating_add(
@@ -831,6 +831,7 @@ ClearResult registry_clear(const RegistryKey& key, bool create_if_absent, QuotaC
 }
 
 void registry_raise_no_room(QuotaCheck refused) {
+    Assert(refused != QuotaCheck::kOk);
     if (refused == QuotaCheck::kFull) {
         raise_full(QuotaPool::kShared);
     }

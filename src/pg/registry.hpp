@@ -231,8 +231,8 @@ bool registry_remove(const RegistryKey& key);
 enum class ClearResult { kAbsent, kCleared, kMadeFree, kNoRoom };
 ClearResult registry_clear(const RegistryKey& key, bool create_if_absent, QuotaCheck* refused);
 
-// The error of a refusal for want of room: 53200 (full) or 53400 (a quota of
-// the calling role or of the current database).
+// The error of a refusal for want of room (never kOk): 53200 (full) or
+// 53400 (a quota of the calling role or of the current database).
 [[noreturn]] void registry_raise_no_room(QuotaCheck refused);
 
 // Calls `visit` for each entry of the current database still in force at
