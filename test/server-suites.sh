@@ -34,6 +34,7 @@ main)
     run_suite rate-clients prove prove --verbose test/integration/rate_concurrency.py || status=1
     run_suite wait prove prove --verbose test/integration/wait.py || status=1
     run_suite locks prove prove --verbose test/integration/locks.py || status=1
+    run_suite call-caches prove prove --verbose test/integration/call_caches.py || status=1
     run_suite ended-waits prove prove --verbose test/integration/ended_waits.py || status=1
     run_suite queue prove prove --verbose test/integration/queue.py || status=1
     run_suite queue-defects prove prove --verbose test/integration/queue_defects.py || status=1

@@ -12,18 +12,41 @@ namespace {
 
 constexpr int kTakeColumns = 4;
 
-// The blessed result descriptor, built once per call site (fn_extra).
+// The blessed result descriptor of take's OUT parameters, built once per
+// function and backend: a call site's fn_extra lives only as long as its
+// executor state, which a prepared statement builds anew on every execution,
+// and get_call_result_type rebuilds the descriptor from pg_proc each time
+// (two thirds of a take's cost). Kept by the function's oid (the two takes,
+// and those of an extension dropped and created again, build their own).
+struct BuiltDesc {
+    Oid function;
+    TupleDesc desc;
+};
+constexpr int kBuiltDescs = 4;
+BuiltDesc built_descs[kBuiltDescs] = {};
+int next_built_desc = 0;
+
 TupleDesc take_result_desc(FunctionCallInfo fcinfo) {
-    if (fcinfo->flinfo->fn_extra == nullptr) {
-        TupleDesc desc = nullptr;
-        if (get_call_result_type(fcinfo, nullptr, &desc) != TYPEFUNC_COMPOSITE) {
-            elog(ERROR, "throttle.take must return a composite type");
+    const Oid function = fcinfo->flinfo->fn_oid;
+    for (const BuiltDesc& built : built_descs) {
+        if (built.desc != nullptr && built.function == function) {
+            return built.desc;
         }
-        const MemoryContext previous = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
-        fcinfo->flinfo->fn_extra = BlessTupleDesc(CreateTupleDescCopy(desc));
-        MemoryContextSwitchTo(previous);
     }
-    return static_cast<TupleDesc>(fcinfo->flinfo->fn_extra);
+    TupleDesc desc = nullptr;
+    if (get_call_result_type(fcinfo, nullptr, &desc) != TYPEFUNC_COMPOSITE) {
+        elog(ERROR, "throttle.take must return a composite type");
+    }
+    const MemoryContext previous = MemoryContextSwitchTo(TopMemoryContext);
+    TupleDesc copy = BlessTupleDesc(CreateTupleDescCopy(desc));
+    MemoryContextSwitchTo(previous);
+    BuiltDesc& slot = built_descs[next_built_desc];
+    next_built_desc = (next_built_desc + 1) % kBuiltDescs;
+    if (slot.desc != nullptr) {
+        FreeTupleDesc(slot.desc);
+    }
+    slot = BuiltDesc{function, copy};
+    return copy;
 }
 
 Datum take_result(FunctionCallInfo fcinfo, const core::GcraDecision& decision) {

@@ -142,25 +142,6 @@ uint8 session_clock() {
     return static_cast<uint8>(clock_is_test() ? EntryClock::kTest : EntryClock::kReal);
 }
 
-uint32 key_hash(const void* key_ptr, Size /*keysize*/) {
-    const auto* key = static_cast<const RegistryKey*>(key_ptr);
-    uint32 h = hash_uint32(key->dbid);
-    h = hash_combine(h, key->kind);
-    h = hash_combine(h, key->clock);
-    return hash_combine(
-        h, hash_bytes(reinterpret_cast<const unsigned char*>(key->name), key->name_len));
-}
-
-int key_compare(const void* a_ptr, const void* b_ptr, Size /*keysize*/) {
-    const auto* a = static_cast<const RegistryKey*>(a_ptr);
-    const auto* b = static_cast<const RegistryKey*>(b_ptr);
-    if (a->dbid != b->dbid || a->kind != b->kind || a->clock != b->clock ||
-        a->name_len != b->name_len) {
-        return 1;
-    }
-    return memcmp(a->name, b->name, a->name_len);
-}
-
 LWLock* partition_lock(uint32 hash) {
     return &partition_locks[partition_of(hash)].lock;
 }
@@ -486,6 +467,25 @@ Attempt try_apply(const RegistryKey& key, uint32 hash, Oid role, const EntryOp& 
 
 }  // namespace
 
+uint32 registry_key_hash(const void* key_ptr, Size /*keysize*/) {
+    const auto* key = static_cast<const RegistryKey*>(key_ptr);
+    uint32 h = hash_uint32(key->dbid);
+    h = hash_combine(h, key->kind);
+    h = hash_combine(h, key->clock);
+    return hash_combine(
+        h, hash_bytes(reinterpret_cast<const unsigned char*>(key->name), key->name_len));
+}
+
+int registry_key_compare(const void* a_ptr, const void* b_ptr, Size /*keysize*/) {
+    const auto* a = static_cast<const RegistryKey*>(a_ptr);
+    const auto* b = static_cast<const RegistryKey*>(b_ptr);
+    if (a->dbid != b->dbid || a->kind != b->kind || a->clock != b->clock ||
+        a->name_len != b->name_len) {
+        return 1;
+    }
+    return memcmp(a->name, b->name, a->name_len);
+}
+
 const char* entry_kind_name(EntryKind kind) {
     switch (kind) {
         case EntryKind::kResource:
@@ -536,8 +536,8 @@ void registry_attach_shmem() {
     HASHCTL info{};
     info.keysize = sizeof(RegistryKey);
     info.entrysize = sizeof(RegistryEntry);
-    info.hash = key_hash;
-    info.match = key_compare;
+    info.hash = registry_key_hash;
+    info.match = registry_key_compare;
     info.num_partitions = kPartitions;
     LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
     partition_locks = GetNamedLWLockTranche(kTrancheName);

@@ -135,6 +135,12 @@ void registry_attach_shmem();
 // Raises SQLSTATE 55000 unless the library was preloaded.
 void registry_require();
 
+// The registry's hash and match functions of RegistryKey (dynahash's
+// HASH_FUNCTION and HASH_COMPARE): they read the name's name_len bytes only,
+// where HASH_BLOBS would hash and compare the whole name buffer.
+uint32 registry_key_hash(const void* key_ptr, Size keysize);
+int registry_key_compare(const void* a_ptr, const void* b_ptr, Size keysize);
+
 // Builds the key of `name` in the current database, on the session's clock
 // (EntryClock); raises 22023 for an empty or over-long name, naming the
 // argument `what`.

@@ -38,10 +38,11 @@ void remember_session_lock(const RegistryKey& key) {
         HASHCTL info{};
         info.keysize = sizeof(RegistryKey);
         info.entrysize = sizeof(RegistryKey);
+        info.hash = registry_key_hash;
+        info.match = registry_key_compare;
         info.hcxt = TopMemoryContext;
-        // Keys are zero past name_len (registry_make_key): compared as bytes.
         session_lock_keys = hash_create("pg_throttle session locks", 16, &info,
-                                        HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+                                        HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
     }
     (void)hash_search(session_lock_keys, &key, HASH_ENTER, nullptr);
 }

@@ -4,6 +4,8 @@
 #include "pg/kept_plan.hpp"
 #include "pg/scale_out/arrivals.hpp"
 
+#include "utils/syscache.h"
+
 namespace pg_throttle::pg {
 namespace {
 
@@ -63,9 +65,33 @@ struct LastPlacement {
 };
 LastPlacement last{InvalidOid, false, false, {}, InvalidOid, 0, {}, kNeverMoved};
 
+// Whether this database has the anchor table, as this backend last found
+// it: every key-taking call asks, and two catalog cache searches a call were
+// a tenth of throttle.acquire's cost. A change to pg_class or pg_namespace
+// (any relation or schema created, renamed or dropped, here or by another
+// session, committed or rolled back) makes the next call look again; the
+// invalidation reaches this backend when the catalog caches it would have
+// searched learn of it.
+enum class Distributed : uint8 { kUnknown, kNo, kYes };
+Distributed distributed = Distributed::kUnknown;
+bool invalidation_registered = false;
+
+void forget_distributed(Datum /*arg*/, int /*cache_id*/, uint32 /*hash_value*/) {
+    distributed = Distributed::kUnknown;
+}
+
 bool database_distributed() {
-    const Oid schema = get_namespace_oid(kSchema, true);
-    return OidIsValid(schema) && OidIsValid(get_relname_relid(kAnchor, schema));
+    if (!invalidation_registered) {
+        CacheRegisterSyscacheCallback(RELNAMENSP, forget_distributed, static_cast<Datum>(0));
+        CacheRegisterSyscacheCallback(NAMESPACENAME, forget_distributed, static_cast<Datum>(0));
+        invalidation_registered = true;
+    }
+    if (distributed == Distributed::kUnknown) {
+        const Oid schema = get_namespace_oid(kSchema, true);
+        const bool found = OidIsValid(schema) && OidIsValid(get_relname_relid(kAnchor, schema));
+        distributed = found ? Distributed::kYes : Distributed::kNo;
+    }
+    return distributed == Distributed::kYes;
 }
 
 // Column `column` of the row the last SPI query found, unless it found none

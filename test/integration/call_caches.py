@@ -1,0 +1,85 @@
+#!/usr/bin/python3
+"""What a backend keeps between calls answers as a fresh look-up would.
+
+The hot paths keep three things for the backend's life instead of looking
+them up on every call: whether the database is distributed (the anchor table
+throttle.distribute() creates), take's result descriptor, and the session
+locks it holds (for DISCARD ALL and exit). Each is checked against a change
+made meanwhile: the anchor created and dropped by another session, or in the
+caller's own transaction and rolled back; the extension dropped and created
+again under a session that called take; session locks of names that share
+their first bytes, one unlocked and taken by another session before DISCARD
+ALL. Without Citus, a call that finds the anchor takes the distributed path
+and fails on Citus's missing function: that failure is how the test sees
+which path a call took.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from pgconn import connect, one as row, sql_error  # noqa: E402
+from tap import Tap  # noqa: E402
+
+t = Tap(14)
+a = connect()
+b = connect()
+
+
+def one(conn, sql, params=None):
+    """The first row, or its only value when it has one column."""
+    found = row(conn, sql, params)
+    return found[0] if found is not None and len(found) == 1 else found
+
+
+ACQUIRE = "SELECT throttle.acquire('call-caches', '1 microsecond')"
+
+
+def path_of(conn):
+    """'local' when acquire answered, 'distributed' when it looked for the shard."""
+    error = sql_error(conn, ACQUIRE)
+    if error is None:
+        return "local"
+    return "distributed" if "get_shard_id_for_distribution_column" in (error[1] or "") else error
+
+
+t.is_(path_of(a), "local", "a plain database: acquire decides locally")
+b.cursor().execute("CREATE TABLE throttle.key_shard (key text)")
+t.is_(path_of(a), "distributed", "another session creates the anchor: the next call sees it")
+t.is_(path_of(a), "distributed", "and the call after it")
+b.cursor().execute("DROP TABLE throttle.key_shard")
+t.is_(path_of(a), "local", "the anchor dropped by another session: local again")
+
+a.autocommit = False
+a.cursor().execute("CREATE TABLE throttle.key_shard (key text)")
+t.is_(path_of(a), "distributed", "created in the caller's own transaction: seen at once")
+a.rollback()
+a.autocommit = True
+t.is_(path_of(a), "local", "rolled back: local again")
+t.is_(path_of(a), "local", "and on the call after it")
+
+TAKE = "SELECT allowed, remaining FROM throttle.take('call-caches', 5, '1 hour', 5, %s)"
+t.is_(one(a, TAKE, (2,)), (True, 3), "take answers with its columns")
+a.cursor().execute("INSERT INTO throttle.bucket (name, rate, per, burst) "
+                   "VALUES ('call-caches-declared', 4, '1 hour', 4)")
+t.is_(one(a, "SELECT allowed, remaining FROM throttle.take('call-caches-declared', 1)"),
+      (True, 3), "the declared take beside it")
+a.cursor().execute("DROP EXTENSION pg_throttle")
+a.cursor().execute("CREATE EXTENSION pg_throttle")
+t.is_(one(a, "SELECT allowed, remaining, retry_after, reset_after "
+             "FROM throttle.take('call-caches-new', 5, '1 hour', 5, 1)"),
+      (True, 4, one(a, "SELECT interval '0'"), one(a, "SELECT interval '12 minutes'")),
+      "the extension dropped and created again: take of the new function answers whole")
+
+NAMES = ["cc", "cc-a", "cc-ab", "cc-b"]
+for name in NAMES:
+    one(a, "SELECT throttle.lock(%s)", (name,))
+token = one(b, "SELECT token FROM throttle.locks WHERE name = 'cc-a'")
+t.ok(one(a, "SELECT throttle.unlock('cc-a', %s)", (token,)),
+     "four session locks of names sharing their first bytes; one unlocked")
+t.ok(one(b, "SELECT throttle.lock('cc-a') IS NOT NULL"), "another session takes the unlocked name")
+a.cursor().execute("DISCARD ALL")
+t.is_(one(b, "SELECT count(*) FROM throttle.locks WHERE name IN ('cc', 'cc-ab', 'cc-b')"), 0,
+      "DISCARD ALL releases the three the session held")
+t.is_(one(b, "SELECT holder_pid = pg_backend_pid() FROM throttle.locks WHERE name = 'cc-a'"),
+      True, "and leaves the name another session took since")
+t.done()
