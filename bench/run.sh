@@ -10,6 +10,9 @@
 # bench/queue-bound.sh (what bounds a claim: one worker, with claims in force),
 # bench/status_scan.sh (grants while sessions loop over throttle.status) and
 # bench/scale.sh (1 000 000 live keys: memory per entry and throughput).
+# Each ratio to SELECT 1 is compared with the last run's, kept in
+# bench/results/hot_paths.tsv (bench/ratio_check.py): a drop of more than 10 %
+# and a missed target are flagged.
 set -euo pipefail
 source "$(dirname "$0")/../scripts/lib.sh"
 
@@ -72,6 +75,14 @@ grep -v '^#' contenders.txt | while read -r script label; do
     hi=$(sort -g "$out/$script" | tail -1)
     printf '| %s | %.0f | %.2f | %.0f – %.0f |\n' "$label" "$m" "$(echo "$m / $base" | bc -l)" "$lo" "$hi"
 done
+echo
+# The ratios against the last run's (bench/results/hot_paths.tsv) and the targets.
+printf 'script\tmedian_tps\tratio_to_select1\n' >"$out/hot_paths.tsv"
+grep -v '^#' contenders.txt | while read -r script _; do
+    m=$(median "$out/$script")
+    printf '%s\t%.0f\t%.3f\n' "$script" "$m" "$(echo "$m / $base" | bc -l)"
+done >>"$out/hot_paths.tsv"
+/usr/bin/python3 ratio_check.py "$out/hot_paths.tsv" results/hot_paths.tsv
 echo
 echo "Redis $(redis-server --version | sed -n 's/.*v=\([0-9.]*\).*/\1/p'): redis-benchmark, $CLIENTS clients (one event loop), no pipelining," \
     "loopback TCP, like pgbench; $redis_keys keys preloaded, $redis_bytes_per_key bytes of used_memory per key."
