@@ -6,7 +6,7 @@
 NODE_BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/queue-node"
 # npm from Debian when the machine has none (it may come with another Node).
 if ! command -v npm >/dev/null; then
-    # shellcheck source=../scripts/lib.sh
+    # shellcheck source=/dev/null
     source "$NODE_BENCH_DIR/../../scripts/lib.sh"
     install_missing_packages npm >&2
 fi
