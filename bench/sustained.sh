@@ -10,8 +10,8 @@
 #   BENCH_SUSTAINED_MINUTES (30; the snapshot's window, the reference sample
 #   and the recovery time scale with it)  BENCH_SUSTAINED_SAMPLE_SECONDS (60)
 #   BENCH_SUSTAINED_WORKERS (8)  BENCH_SUSTAINED_JOB_MS (0)
-#   BENCH_SUSTAINED_RATE (events/s; else 70 % of a maximum measured for
-#   BENCH_SUSTAINED_CALIBRATE_SECONDS (30))
+#   BENCH_SUSTAINED_RATE (events/s; else 70 % of BENCH_SUSTAINED_MAXIMUM, else
+#   of a maximum measured for BENCH_SUSTAINED_CALIBRATE_SECONDS (30))
 #   BENCH_SUSTAINED_KEEP_SECONDS (history kept by the purge: a sixth of the run)
 #   BENCH_SUSTAINED_RECIPE=1 (then the same load on the SKIP LOCKED recipe)
 #   BENCH_SUSTAINED_OUT (build/sustained: meta.json, the CSVs, sustained.png)

@@ -52,6 +52,11 @@ def figures(run):
     return out
 
 
+def minutes(seconds):
+    """600 -> "10", 130 -> "2.17"."""
+    return f"{seconds / 60:.2f}".rstrip("0").rstrip(".")
+
+
 def fmt(value, is_size):
     if value is None:
         return "–"
@@ -70,12 +75,12 @@ def goal(meta, run):
     after = [r for r in rows if r["t_end_s"] >= deadline - 0.5]
     later = [r for r in rows if r["t_end_s"] > closed]
     print(f"\n**Goal check, {run['label']}**: reference = the sample ending at "
-          f"{ref['t_end_s'] / 60:.1f} min; snapshot open {opened / 60:.1f} – {closed / 60:.1f} min; "
+          f"{minutes(ref['t_end_s'])} min; snapshot open {minutes(opened)} – {minutes(closed)} min; "
           f"judged: the samples from the reference to the snapshot and those ending "
-          f"{meta['recovery_s'] / 60:g} min or more after it closed.\n")
+          f"{minutes(meta['recovery_s'])} min or more after it closed.\n")
     print("| figure | reference | limit (2 ×) | worst before the snapshot | worst with it open "
           "| back under the limit (min after close) | worst from close + "
-          f"{meta['recovery_s'] / 60:g} min | verdict |")
+          f"{minutes(meta['recovery_s'])} min | verdict |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     passed = True
     for name, value, is_size in figures(run):
@@ -85,16 +90,16 @@ def goal(meta, run):
         back = None
         for i, r in enumerate(later):
             if all(value(x) <= limit for x in later[i:]):
-                back = (r["t_end_s"] - closed) / 60
+                back = r["t_end_s"] - closed
                 break
         ok = all(value(r) <= limit for r in before + after) and bool(after)
         passed = passed and ok
         print(f"| {name} | {fmt(reference, is_size)} | {fmt(limit, is_size)} | "
               f"{fmt(worst(before), is_size)} | {fmt(worst(during), is_size)} | "
-              f"{'not back' if back is None else f'{back:.1f}'} | {fmt(worst(after), is_size)} | "
+              f"{'not back' if back is None else minutes(back)} | {fmt(worst(after), is_size)} | "
               f"{'PASS' if ok else 'FAIL'} |")
     if not after:
-        print(f"\nNo sample ends {meta['recovery_s'] / 60:g} min after the snapshot closed: "
+        print(f"\nNo sample ends {minutes(meta['recovery_s'])} min after the snapshot closed: "
               "the run is too short to judge the recovery.")
     print(f"\n{run['label']}: goal {'met' if passed else 'missed'}.")
     return passed
@@ -109,7 +114,7 @@ def samples_table(meta, run):
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" + "---:|" * (len(head) - 1))
     for r in run["rows"]:
-        cells = [f"{r['t_end_s'] / 60:.1f}", "open" if r["snapshot_open"] else "",
+        cells = [minutes(r["t_end_s"]), "open" if r["snapshot_open"] else "",
                  f"{r['completed'] / meta['sample_seconds']:.0f}", f"{r['p50_ms']:.1f}",
                  f"{r['p99_ms']:.1f}", f"{r['backlog']:.0f}"]
         for t in run["short"]:
@@ -171,9 +176,13 @@ def main():
         sys.exit(__doc__)
     out = sys.argv[1]
     meta = load(out)
-    how = (f"70 % of the {meta['maximum']:.0f} events/s measured first "
-           f"({meta['calibrate_seconds']:g} s of schedule + claim + complete)"
-           if meta["maximum"] else "BENCH_SUSTAINED_RATE")
+    if meta["maximum"] is None:
+        how = "BENCH_SUSTAINED_RATE"
+    elif meta["calibrate_seconds"] is None:
+        how = f"70 % of BENCH_SUSTAINED_MAXIMUM, {meta['maximum']:.0f} events/s"
+    else:
+        how = (f"70 % of the {meta['maximum']:.0f} events/s measured first "
+               f"({meta['calibrate_seconds']:g} s of schedule + claim + complete)")
     print(f"Sustained run: {meta['minutes']:g} min of {meta['rate']:g} events/s ({how}), "
           f"{meta['workers']} workers, {meta['job_ms']:g} ms per job, history purged past "
           f"{meta['keep_seconds']:g} s, autovacuum at its defaults; PostgreSQL {meta['server']}, "

@@ -26,7 +26,8 @@
 //   node sustained.mjs OUT_DIR
 //   BENCH_SUSTAINED_MINUTES (30)  BENCH_SUSTAINED_SAMPLE_SECONDS (60)
 //   BENCH_SUSTAINED_WORKERS (8)  BENCH_SUSTAINED_JOB_MS (0)
-//   BENCH_SUSTAINED_RATE (events/s; else 70 % of the measured maximum)
+//   BENCH_SUSTAINED_RATE (events/s; else 70 % of BENCH_SUSTAINED_MAXIMUM, or
+//   of the maximum measured first)
 //   BENCH_SUSTAINED_CALIBRATE_SECONDS (30)
 //   BENCH_SUSTAINED_KEEP_SECONDS (a sixth of the run: 300 for 30 minutes)
 //   BENCH_SUSTAINED_RECIPE (0)
@@ -323,12 +324,20 @@ async function sustain(contender, rate) {
 
 // ---- the run --------------------------------------------------------------------------
 mkdirSync(OUT, { recursive: true });
-let maximum = null;
+let maximum = env.BENCH_SUSTAINED_MAXIMUM === undefined ? null : setting("BENCH_SUSTAINED_MAXIMUM", 0);
+let measured = false;
 let rate = env.BENCH_SUSTAINED_RATE === undefined ? null : setting("BENCH_SUSTAINED_RATE", 0);
 if (rate === null) {
-  maximum = await measureMaximum();
+  if (maximum === null) {
+    maximum = await measureMaximum();
+    measured = true;
+  }
   rate = Math.max(1, Math.round(0.7 * maximum));
-  console.error(`maximum: ${fmt(maximum)} events/s (schedule + claim + complete, ${WORKERS} workers, ${CALIBRATE} s); rate ${fmt(rate)}/s`);
+  console.error(
+    `maximum: ${fmt(maximum)} events/s (${measured ? `schedule + claim + complete, ${WORKERS} workers, ${CALIBRATE} s` : "BENCH_SUSTAINED_MAXIMUM"}); rate ${fmt(rate)}/s`,
+  );
+} else {
+  maximum = null;
 }
 const runs = [];
 for (const contender of RECIPE ? [throttle, recipe] : [throttle]) {
@@ -345,7 +354,7 @@ writeFileSync(
       job_ms: JOB_MS,
       rate,
       maximum,
-      calibrate_seconds: maximum === null ? null : CALIBRATE,
+      calibrate_seconds: measured ? CALIBRATE : null,
       keep_seconds: KEEP,
       snapshot_open_s: SNAPSHOT_OPEN,
       snapshot_close_s: SNAPSHOT_CLOSE,
