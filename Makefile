@@ -92,13 +92,22 @@ soak:
 	/usr/bin/python3 test/soak/soak.py --cycles $(SOAK_CYCLES) --summary build/soak.json
 
 # Benchmarks against SELECT 1 and the SQL recipes (bench/run.sh).
-.PHONY: bench bench-versions bench-bound
+.PHONY: bench bench-versions bench-bound bench-real bench-sustained
 bench:
 	bash bench/run.sh
 
 # What bounds a claim, alone (bench/queue-bound.sh, part of make bench).
 bench-bound:
 	bash bench/run.sh --only queue-bound
+
+# Queues as they really run, alone (bench/queue-real.sh, part of make bench).
+bench-real:
+	bash bench/run.sh --only queue-real
+
+# The queue under 30 minutes of steady load, an old snapshot in the middle (bench/sustained.sh;
+# not part of make bench). BENCH_SUSTAINED_MINUTES shortens it.
+bench-sustained:
+	bash bench/sustained.sh
 
 # pg_throttle spread over a three-node Citus cluster, when Citus is installed (bench/citus.py).
 .PHONY: bench-citus

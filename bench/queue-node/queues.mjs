@@ -21,31 +21,14 @@
 //
 //   node queues.mjs [JOBS=20000] [GROUPS=2000] [WORKERS=8] [ROUNDS=2]
 //   BENCH_QUEUE_ONLY: a regular expression; only the workloads it matches run.
-import pg from "pg";
-import { Logger, makeWorkerUtils, run as graphileRun, runMigrations } from "graphile-worker";
+import { makeWorkerUtils, run as graphileRun, runMigrations } from "graphile-worker";
 import { PgBoss } from "pg-boss";
+import { chunks, connect, connection, fmt, median, silent, url } from "./common.mjs";
 
 const [JOBS, GROUPS, WORKERS, ROUNDS] = [20000, 2000, 8, 2].map((d, i) =>
   Number(process.argv[2 + i] ?? d),
 );
 const env = process.env;
-const connection = {
-  host: env.PGHOST ?? "localhost",
-  port: Number(env.PGPORT ?? 5432),
-  user: env.PGUSER ?? "postgres",
-  password: env.PGPASSWORD ?? "",
-  database: env.PGDATABASE ?? "postgres",
-};
-const url =
-  `postgres://${encodeURIComponent(connection.user)}:${encodeURIComponent(connection.password)}` +
-  `@${connection.host}:${connection.port}/${connection.database}`;
-const silent = new Logger(() => () => {});
-
-async function connect() {
-  const client = new pg.Client(connection);
-  await client.connect();
-  return client;
-}
 
 const admin = await connect();
 const q = (text, values) => admin.query(text, values);
@@ -73,9 +56,6 @@ function counter(target) {
     finished,
   };
 }
-
-const chunks = (n, size) =>
-  Array.from({ length: Math.ceil(n / size) }, (_, i) => Math.min(size, n - i * size));
 
 // ---- setup ---------------------------------------------------------------
 await q(`
@@ -400,11 +380,6 @@ for (let round = 1; round <= ROUNDS; round++) {
     console.error(`round ${round}  ${workload} | ${contender}: ${(JOBS / seconds).toFixed(0)} jobs/s`);
   }
 }
-const median = (xs) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-};
-const fmt = (x) => Math.round(x).toLocaleString("en-US").replace(/,/g, " ");
 console.log(
   `\nNode ${process.version}, node-postgres; ${WORKERS} workers, ${JOBS} jobs` +
     ` (groups: ${GROUPS} groups of ${JOBS / GROUPS}); median of ${ROUNDS} rounds.\n`,
