@@ -355,3 +355,27 @@ FROM throttle.event_attempt;
 RESET pg_throttle.test_clock;
 DELETE FROM throttle.event_attempt WHERE event_id IN (SELECT id FROM throttle.event WHERE queue = 'hist');
 DELETE FROM throttle.event WHERE queue = 'hist';
+
+-- A run that replaces a pending event (schedule or schedule_many, replace or
+-- keep_earlier) gets attempts of its own: they start again at 0. ignore
+-- leaves the event as it is.
+SET pg_throttle.test_clock = '2031-10-01 12:00:00+00';
+SELECT throttle.schedule('again', 'r', '2031-10-01 11:00:00+00', '{"v": 1}', max_attempts => 2) AS r \gset
+SELECT claim_token AS rt FROM throttle.claim('again', 'w1') \gset
+SELECT throttle.fail(ARRAY[:r]::bigint[], :rt, 'boom', '1 hour') AS failed;
+SELECT throttle.schedule('again', 'r', '2031-10-01 11:00:00+00', '{"v": 2}', on_duplicate => 'ignore') = :r AS same;
+SELECT attempts AS ignored_keeps_attempts FROM throttle.event WHERE id = :r;
+SELECT throttle.schedule('again', 'r', '2031-10-01 11:00:00+00', '{"v": 3}') = :r AS same;
+SELECT attempts AS replaced_starts_again FROM throttle.event WHERE id = :r;
+SELECT attempts, payload FROM throttle.claim('again', 'w2');
+SELECT claim_token AS rt FROM throttle.event WHERE id = :r \gset
+SELECT throttle.fail(ARRAY[:r]::bigint[], :rt, 'boom again', '0 seconds') AS failed;
+SELECT state, attempts FROM throttle.event WHERE id = :r;
+SELECT throttle.schedule_many('again', ARRAY['r'], ARRAY['2031-10-01 09:00:00+00']::timestamptz[],
+                              ARRAY['{"v": 4}']::jsonb[], on_duplicate => 'keep_earlier') = ARRAY[:r]::bigint[] AS same;
+SELECT attempts AS batch_starts_again, payload, run_at FROM throttle.event WHERE id = :r;
+SELECT attempt, outcome, error FROM throttle.attempt_history WHERE event_id = :r ORDER BY claimed_at, attempt;
+RESET pg_throttle.test_clock;
+DELETE FROM throttle.event_attempt WHERE event_id IN (SELECT id FROM throttle.all_events WHERE queue = 'again');
+DELETE FROM throttle.event WHERE queue = 'again';
+DELETE FROM throttle.event_history WHERE queue = 'again';

@@ -357,7 +357,7 @@ RETURNS bigint
 AS 'MODULE_PATHNAME', 'pg_throttle_schedule'  -- src/pg/queue/schedule.cpp
 LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION throttle.schedule(text, text, timestamptz, jsonb, text, integer, integer, text, text) IS
-    'Schedules an event, or, when item_key names a pending event of the queue, updates it as on_duplicate says (replace: run_at, payload and priority; keep_earlier: the same but the earlier run_at; ignore: nothing; its group_key and concurrency_key stay); returns its id. When the event of item_key is claimed it is left alone and a new event is scheduled, which no worker gets before the claimed one ends. NOTIFYs the channel named after the queue when the event is due.';
+    'Schedules an event, or, when item_key names a pending event of the queue, updates it as on_duplicate says (replace: run_at, payload and priority; keep_earlier: the same but the earlier run_at; ignore: nothing; its group_key, concurrency_key and max_attempts stay); returns its id. A pending event that replace or keep_earlier updates is a new run: its attempts start again at 0, whatever its earlier claims used. When the event of item_key is claimed it is left alone and a new event is scheduled, which no worker gets before the claimed one ends. NOTIFYs the channel named after the queue when the event is due.';
 
 -- A batch of schedule calls in one statement: the same rules, applied as if
 -- the calls ran one after the other in the order of item_keys.
@@ -460,7 +460,8 @@ BEGIN
     -- payload and run_at (replace), the last payload and the earliest run_at
     -- (keep_earlier), or the first call's (ignore). Rows go in in one order
     -- of item_key (bytewise), in both statements, so that two batches never
-    -- wait for each other in a circle.
+    -- wait for each other in a circle. A pending event that replace or
+    -- keep_earlier updates is a new run, with attempts of its own (0).
     WITH batch AS (
         SELECT b.k AS item_key, b.r AS run_at, coalesce(b.p, '{}') AS payload, b.g AS group_key,
                b.c AS concurrency_key, b.ord
@@ -494,7 +495,8 @@ BEGIN
                                                   WHEN 'keep_earlier' THEN least(e.run_at, excluded.run_at)
                                                   ELSE e.run_at END,
                       payload = CASE WHEN on_duplicate = 'ignore' THEN e.payload ELSE excluded.payload END,
-                      priority = CASE WHEN on_duplicate = 'ignore' THEN e.priority ELSE excluded.priority END
+                      priority = CASE WHEN on_duplicate = 'ignore' THEN e.priority ELSE excluded.priority END,
+                      attempts = CASE WHEN on_duplicate = 'ignore' THEN e.attempts ELSE 0 END
         RETURNING e.id, e.item_key, e.run_at)
     SELECT (SELECT array_agg(s.id ORDER BY b.ord) FROM batch b JOIN scheduled s USING (item_key)),
            (SELECT array_agg(s.id ORDER BY s.id) FROM scheduled s WHERE s.run_at <= now)
@@ -504,7 +506,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION throttle.schedule_many(text, text[], timestamptz[], jsonb[], text[], integer, integer, text, text[]) IS
-    'Schedules a batch of events of one queue in one statement: item_keys[i] at run_at[i] with payloads[i], group_keys[i] and concurrency_keys[i] (the arrays have one element per item_key; payloads, group_keys and concurrency_keys may be NULL for none), as if throttle.schedule ran for each in turn; returns their ids in the order of item_keys (an item_key named twice gets one event, and its id twice). NOTIFYs the queue''s channel with each event that is due.';
+    'Schedules a batch of events of one queue in one statement: item_keys[i] at run_at[i] with payloads[i], group_keys[i] and concurrency_keys[i] (the arrays have one element per item_key; payloads, group_keys and concurrency_keys may be NULL for none), as if throttle.schedule ran for each in turn (a pending event that replace or keep_earlier updates starts again at 0 attempts); returns their ids in the order of item_keys (an item_key named twice gets one event, and its id twice). NOTIFYs the queue''s channel with each event that is due.';
 
 CREATE FUNCTION throttle.cancel(queue text, item_key text)
 RETURNS boolean
