@@ -793,13 +793,20 @@ $$;
 COMMENT ON FUNCTION throttle.retry_dead(text, text, timestamptz) IS
     'Retries the dead events of a queue, those whose last_error is LIKE error_like and that died at or after dead_since when given; one row per event, as throttle.retry(bigint[]).';
 
--- Claims ended by someone else than their worker (release_group, or a
--- claim_group that takes over a group without units for all of its expired
--- claims): pending again, due, their attempts kept, the worker fenced (no
--- token); cancelled instead when a newer run of the item_key is pending. A
--- newer run that commits meanwhile shows as a unique violation: then again.
--- The caller has locked the rows.
-CREATE FUNCTION throttle._fence_claims(ids bigint[], now timestamptz)
+-- Claims ended by someone else than their worker (release_group; fail,
+-- for the later events of a strict group's claim; a claim_group that takes
+-- over a group without taking all of its expired claims; a claimer that
+-- ends an expired claim of the other kind holding back a newer run):
+-- pending again, due, the worker fenced (no token); cancelled instead when a
+-- newer run of the item_key is pending. Each claim is an attempt in
+-- throttle.event_attempt, as its claim counted it. The claims in uncharged
+-- never ran their event (it waited behind an earlier event of its strict
+-- group): their attempt is given back. The others keep it, and an event
+-- whose attempts are then used up is dead instead of pending: no event is
+-- left pending that the next claim would kill unrun. A newer run that
+-- commits meanwhile shows as a unique violation: then again. The caller
+-- has locked the rows.
+CREATE FUNCTION throttle._fence_claims(ids bigint[], now timestamptz, uncharged bigint[] DEFAULT '{}')
 RETURNS SETOF throttle.event
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -816,11 +823,26 @@ BEGIN
     FOR attempt IN 1 .. 3 LOOP
         BEGIN
             -- Each event is found by id and tested on its own row, in one
-            -- snapshot: no part joins the events to a list of them, which a
-            -- generic plan that expects ten ids runs as a nested loop
-            -- (seconds for a claim of 5 000). Superseded (a newer pending
-            -- run of its item_key, looked up per row): cancelled into the
-            -- history; the others go back to pending, expired ones apart,
+            -- snapshot: no statement joins the events to a list of them,
+            -- which a generic plan that expects ten ids runs as a nested
+            -- loop (seconds for a claim of 5 000). The attempts first, as
+            -- the claims counted them; an expired one ended with its lease.
+            INSERT INTO throttle.event_attempt (event_id, attempt, claimed_at, claimed_by,
+                                                claimed_role, ended_at, outcome)
+            SELECT e.id, e.attempts, e.claimed_at, e.claimed_by, e.claimed_role,
+                   CASE WHEN e.lease_until <= now THEN e.lease_until ELSE now END,
+                   CASE WHEN e.lease_until <= now THEN 'expired' ELSE 'released' END
+            FROM throttle.event e
+            WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED'
+            ORDER BY e.id;
+            IF cardinality(uncharged) > 0 THEN  -- (the set operation hashes both lists)
+                UPDATE throttle.event e SET attempts = greatest(e.attempts - 1, 0)
+                WHERE e.id = ANY (ARRAY(SELECT unnest(ids) INTERSECT SELECT unnest(uncharged)))
+                  AND upper(e.state) = 'CLAIMED';
+            END IF;
+            -- Superseded (a newer pending run of its item_key, looked up per
+            -- row): cancelled into the history; the others go back to
+            -- pending, or die with their last attempt, expired ones apart,
             -- so that each part knows the lease it ends.
             WITH gone AS (
                 DELETE FROM throttle.event e
@@ -837,8 +859,7 @@ BEGIN
                        now AS cancelled_at, g.last_error, g.claimed_role, g.priority,
                        CASE WHEN g.lease_until <= now THEN g.lease_until ELSE g.failed_at END
                            AS failed_at,
-                       g.cancelled_by, g.concurrency_key,
-                       g.lease_until AS ended_lease, g.lease_until <= now AS expired
+                       g.cancelled_by, g.concurrency_key
                 FROM gone g),
             moved AS (
                 INSERT INTO throttle.event_history
@@ -850,8 +871,15 @@ BEGIN
                 FROM superseded h),
             expired AS (
                 UPDATE throttle.event e
-                SET state = 'pending', failed_at = e.lease_until, lease_until = NULL,
-                    claim_token = NULL
+                SET state = CASE WHEN e.attempts < e.max_attempts THEN 'pending' ELSE 'dead' END,
+                    completed_at = CASE WHEN e.attempts < e.max_attempts THEN e.completed_at
+                                        ELSE now END,
+                    completed_by = CASE WHEN e.attempts < e.max_attempts THEN e.completed_by
+                                        ELSE e.claimed_by END,
+                    last_error = CASE WHEN e.attempts < e.max_attempts THEN e.last_error
+                                      ELSE coalesce(e.last_error,
+                                                    'lease expired ' || e.attempts || ' times') END,
+                    failed_at = e.lease_until, lease_until = NULL, claim_token = NULL
                 WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.lease_until <= now
                   AND NOT EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
                                   WHERE u.queue = e.queue AND u.item_key = e.item_key
@@ -859,7 +887,15 @@ BEGIN
                 RETURNING e.*),
             released AS (
                 UPDATE throttle.event e
-                SET state = 'pending', lease_until = NULL, claim_token = NULL
+                SET state = CASE WHEN e.attempts < e.max_attempts THEN 'pending' ELSE 'dead' END,
+                    completed_at = CASE WHEN e.attempts < e.max_attempts THEN e.completed_at
+                                        ELSE now END,
+                    completed_by = CASE WHEN e.attempts < e.max_attempts THEN e.completed_by
+                                        ELSE e.claimed_by END,
+                    last_error = CASE WHEN e.attempts < e.max_attempts THEN e.last_error
+                                      ELSE coalesce(e.last_error,
+                                                    'released on its last attempt') END,
+                    lease_until = NULL, claim_token = NULL
                 WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED'
                   AND (e.lease_until <= now) IS NOT TRUE
                   AND NOT EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
@@ -867,26 +903,11 @@ BEGIN
                                     AND u.state = 'pending' OFFSET 0)
                 RETURNING e.*),
             f AS (
-                SELECT ROW(h.id, h.queue, h.item_key, h.group_key, h.payload, h.run_at, h.state,
-                           h.attempts, h.max_attempts, h.enqueued_at, h.enqueued_by,
-                           h.claimed_at, h.claimed_by, h.claim_token, h.lease_until,
-                           h.completed_at, h.completed_by, h.cancelled_at, h.last_error,
-                           h.claimed_role, h.priority, h.failed_at, h.cancelled_by,
-                           h.concurrency_key)::throttle.event AS fenced,
-                       h.ended_lease AS lease_until, h.expired
-                FROM superseded h
+                SELECT ROW(h.*)::throttle.event AS fenced FROM superseded h
                 UNION ALL
-                SELECT ROW(x.*)::throttle.event, x.failed_at, true FROM expired x
+                SELECT ROW(x.*)::throttle.event FROM expired x
                 UNION ALL
-                SELECT ROW(r.*)::throttle.event, NULL, false FROM released r),
-            logged AS (
-                INSERT INTO throttle.event_attempt (event_id, attempt, claimed_at, claimed_by,
-                                                    claimed_role, ended_at, outcome)
-                SELECT (f.fenced).id, (f.fenced).attempts, (f.fenced).claimed_at,
-                       (f.fenced).claimed_by, (f.fenced).claimed_role,
-                       CASE WHEN f.expired THEN f.lease_until ELSE now END,
-                       CASE WHEN f.expired THEN 'expired' ELSE 'released' END
-                FROM f ORDER BY (f.fenced).id)
+                SELECT ROW(r.*)::throttle.event FROM released r)
             SELECT array_agg(f.fenced ORDER BY (f.fenced).id) INTO fenced FROM f;
             EXIT;
         EXCEPTION WHEN unique_violation THEN
@@ -899,8 +920,8 @@ BEGIN
     RETURN QUERY SELECT * FROM unnest(fenced);
 END
 $$;
-COMMENT ON FUNCTION throttle._fence_claims(bigint[], timestamptz) IS
-    'Internal: ends claims for someone else than their worker: pending again with their attempts kept (cancelled when a newer run of their item_key is pending), without a token. Records each attempt in throttle.event_attempt: expired when its lease had ended, else released.';
+COMMENT ON FUNCTION throttle._fence_claims(bigint[], timestamptz, bigint[]) IS
+    'Internal: ends claims for someone else than their worker: pending again, without a token (cancelled when a newer run of their item_key is pending). Records each attempt in throttle.event_attempt: expired when its lease had ended, else released. The claims in uncharged never ran their event and give its attempt back; the others keep it, and an event whose attempts are then used up is dead, not pending.';
 
 CREATE FUNCTION throttle._group_reset(queue text, group_key text)
 RETURNS boolean
@@ -916,19 +937,26 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     ended throttle.event[];
+    held bigint[];
+    uncharged bigint[] := '{}';
 BEGIN
     PERFORM throttle._require(queue, 'queue'), throttle._require(group_key, 'group_key');
-    PERFORM 1 FROM throttle.event x  -- in id order, as complete, fail and extend lock
-    WHERE x.queue = release_group.queue AND x.group_key = release_group.group_key
-      AND x.group_key IS NOT NULL AND x.state = 'claimed'
-    ORDER BY x.id
-    FOR UPDATE;
-    SELECT array_agg(f) INTO ended
-    FROM throttle._fence_claims(ARRAY(SELECT x.id FROM throttle.event x  -- event_claimed_groups
-                                      WHERE x.queue = release_group.queue
-                                        AND x.group_key = release_group.group_key
-                                        AND x.group_key IS NOT NULL AND x.state = 'claimed'),
-                                throttle.now()) AS f;
+    held := ARRAY(SELECT x.id FROM throttle.event x  -- in id order, as complete, fail and extend lock
+                  WHERE x.queue = release_group.queue AND x.group_key = release_group.group_key
+                    AND x.group_key IS NOT NULL AND x.state = 'claimed'
+                  ORDER BY x.id
+                  FOR UPDATE);
+    -- In a group kept in strict order each claim ran its first event only:
+    -- the later ones waited behind it, and get their attempt back.
+    IF EXISTS (SELECT 1 FROM throttle.group_policy p
+               WHERE p.queue = release_group.queue AND p.strict_order) THEN
+        uncharged := ARRAY(SELECT c.id
+                           FROM (SELECT x.id, min(x.id) OVER (PARTITION BY x.claim_token) AS first
+                                 FROM throttle.event x
+                                 WHERE x.id = ANY (held) AND upper(x.state) = 'CLAIMED') AS c
+                           WHERE c.id > c.first);
+    END IF;
+    SELECT array_agg(f) INTO ended FROM throttle._fence_claims(held, throttle.now(), uncharged) AS f;
     -- Until this commits the rows still say claimed, which keeps the group
     -- from every other worker.
     PERFORM throttle._group_reset(queue, group_key);
@@ -941,7 +969,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION throttle.release_group(text, text) IS
-    'Ends the claim on a group of a queue, whoever holds it: its claimed events are pending again (due, their attempts kept) and the holder is fenced. Returns how many events it handed back. For operators.';
+    'Ends the claim on a group of a queue, whoever holds it: its claimed events are pending again (due, their attempts kept; dead when the claim was their last attempt) and the holder is fenced. In a group kept in strict order only the first event of each claim ran: the later ones get their attempt back. Returns how many claimed events it ended. For operators.';
 REVOKE EXECUTE ON FUNCTION throttle.release_group(text, text) FROM PUBLIC;
 
 CREATE FUNCTION throttle.purge(older_than interval, queue text DEFAULT NULL,

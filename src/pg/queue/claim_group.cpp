@@ -30,7 +30,10 @@
 //     passed over), and no more than a bucket that limits the queue gives
 //     units for (claim_limit.hpp); none when it is empty, and then the call
 //     ends.
-//     Expired claims left out are ended for their old worker;
+//     Expired claims left out are ended for their old worker: pending
+//     again, or dead when that claim was their last attempt; in a strict
+//     group those after the old claim's first never ran, and get their
+//     attempt back;
 //  4. the events are marked claimed (mark_claimed.hpp), in a transaction
 //     whose commit is durable (durable_commit.hpp). A group whose due events
 //     all had their attempts used up is released, and the next one tried.
@@ -182,12 +185,14 @@ KeptPlan never_ran{
     nullptr};
 
 // Expired claims ($1) that this claim does not take ($3) ended for their
-// worker (throttle._fence_claims).
+// worker (throttle._fence_claims); those that never ran ($4, never_ran's)
+// get their attempt back.
 KeptPlan fence_claims{
     "SELECT count(*) FROM throttle._fence_claims("
-    "  ARRAY(SELECT unnest($1::bigint[]) EXCEPT SELECT unnest($3::bigint[])), $2)",
-    3,
-    {INT8ARRAYOID, TIMESTAMPTZOID, INT8ARRAYOID},
+    "  ARRAY(SELECT unnest($1::bigint[]) EXCEPT SELECT unnest($3::bigint[])), $2,"
+    "  coalesce($4, '{}'))",
+    4,
+    {INT8ARRAYOID, TIMESTAMPTZOID, INT8ARRAYOID, INT8ARRAYOID},
     nullptr};
 
 // The groups this call has tried: a hash of their keys, each bucket a chain
@@ -372,12 +377,14 @@ uint64 claim_one_group(const GroupClaim& claim, const text* group_key, const SPI
         // The first events (expired claims first, then the oldest; in strict
         // order by id), as many as max and the bucket allow. Expired claims
         // left out are ended for their worker now, or it could still complete
-        // them while this claim holds the group.
+        // them while this claim holds the group; those that never ran are
+        // not charged for it (nor made dead by it).
         ids = first_ids(ids, static_cast<int>(allowed));
         if (expired != nullptr) {
-            Datum fence_args[3] = {PointerGetDatum(expired), TimestampTzGetDatum(claim.now),
-                                   PointerGetDatum(ids)};
-            run_kept_plan(&fence_claims, fence_args, nullptr, SPI_OK_SELECT);
+            Datum fence_args[4] = {PointerGetDatum(expired), TimestampTzGetDatum(claim.now),
+                                   PointerGetDatum(ids), PointerGetDatum(uncharged)};
+            const char fence_nulls[4] = {' ', ' ', ' ', uncharged == nullptr ? 'n' : ' '};
+            run_kept_plan(&fence_claims, fence_args, fence_nulls, SPI_OK_SELECT);
         }
     }
     const ClaimRequest request{ids,
