@@ -300,8 +300,24 @@ def strict_handback(tap):
             (r, 3, ["dead:1", "pending:0", "pending:0"], ["released:1"] * 3),
             "release_group of a strict claim: its first event, on its only attempt, dies; "
             "the later ones never ran and get their attempt back")
-    e, _ = claim(cur, "e", max_=None, queue=STRICT_BACK)
+    e, te = claim(cur, "e", max_=None, queue=STRICT_BACK)
     tap.is_(e, r[1:], "and they run")
+    finish(e, te)
+
+    # claim ends an expired claim whose first event has a newer run without
+    # a group: the claim's later events never ran either.
+    at("14:00:00")
+    x = three("x")
+    first, _ = claim(cur, "a", max_=None, queue=STRICT_BACK)
+    newer = rows(cur, "SELECT throttle.schedule(%s, 'x1', throttle.now())", (STRICT_BACK,))[0][0]
+    at("14:05:00")
+    single = rows(cur, "SELECT array_agg(id) FROM throttle.claim(%s, 'f', '1 minute')", (STRICT_BACK,))[0][0]
+    tap.is_((first, single, seen(x), logged(x)),
+            (x, [newer], ["cancelled:1", "pending:0", "pending:0"], ["expired:1"] * 3),
+            "a strict claim whose expired first event a newer run without a group supersedes: "
+            "the later events never ran, and get their attempt back")
+    g, _ = claim(cur, "g", max_=None, queue=STRICT_BACK)
+    tap.is_(g, x[1:], "and they run")
     cur.execute("DELETE FROM throttle.group_policy WHERE queue = %s", (STRICT_BACK,))
     conn.close()
 
@@ -507,7 +523,7 @@ def race(tap):
 
 
 def main():
-    tap = Tap(53)
+    tap = Tap(55)
     rules(tap)
     isolation(tap)
     race(tap)

@@ -5,8 +5,10 @@
 // Candidates come in two passes, each read in batches of 64 along an index
 // (keyset, so a call reads only as far as the first free group): groups left
 // behind by a claim whose lease expired, then groups with due events, oldest
-// first. A group already tried in this call is skipped by a hash lookup. For
-// each new candidate:
+// first. A group already tried in this call is skipped by a hash lookup.
+// Before them, expired claims of throttle.claim that hold back a due grouped
+// run of their item_key are ended (blocking_claims.hpp). For each new
+// candidate:
 //  0. when the queue's groups have buckets of their own (throttle.
 //     group_bucket), the group's units: a group whose bucket is empty is
 //     passed over at the cost of one look-up;
@@ -44,6 +46,7 @@
 #include "pg/holder.hpp"
 #include "pg/kept_plan.hpp"
 #include "pg/locks/locks.hpp"
+#include "pg/queue/blocking_claims.hpp"
 #include "pg/queue/claim_limit.hpp"
 #include "pg/queue/durable_commit.hpp"
 #include "pg/queue/event_rows.hpp"
@@ -482,6 +485,9 @@ Datum claim_group(FunctionCallInfo fcinfo) {
                            lease_us,
                            &holder,
                            now};
+    // An expired claim of throttle.claim holding back a due grouped run of
+    // its item_key is ended first (blocking_claims.hpp).
+    end_blocking_claims(claim.queue, now, Claimer::kClaimGroup);
     HTAB* tried = tried_groups_create();
     const SPITupleTable* rows = nullptr;
     uint64 claimed = 0;
