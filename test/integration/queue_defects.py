@@ -7,7 +7,9 @@ and held transactions (never with luck):
   never claims an event that transaction ends;
 - a claim_group rolled back (whole, or to a savepoint) leaves its group free;
 - schedule of an item_key whose event is claimed schedules a new run after
-  it, which is neither lost nor run beside the claimed one;
+  it, which is neither lost nor run beside the claimed one; a claim of one
+  claimer (claim, claim_group) holds back a newer run that the other one
+  takes only while its lease holds;
 - a group_key of any length (groups whose keys share their first 200 bytes
   are still two groups);
 - enqueued_by names the role that called schedule, not the extension's owner;
