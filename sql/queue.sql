@@ -355,3 +355,45 @@ FROM throttle.event_attempt;
 RESET pg_throttle.test_clock;
 DELETE FROM throttle.event_attempt WHERE event_id IN (SELECT id FROM throttle.event WHERE queue = 'hist');
 DELETE FROM throttle.event WHERE queue = 'hist';
+
+-- A run that replaces a pending event (schedule or schedule_many, replace or
+-- keep_earlier) gets attempts of its own: they start again at 0. ignore
+-- leaves the event as it is.
+SET pg_throttle.test_clock = '2031-10-01 12:00:00+00';
+SELECT throttle.schedule('again', 'r', '2031-10-01 11:00:00+00', '{"v": 1}', max_attempts => 2) AS r \gset
+SELECT claim_token AS rt FROM throttle.claim('again', 'w1') \gset
+SELECT throttle.fail(ARRAY[:r]::bigint[], :rt, 'boom', '1 hour') AS failed;
+SELECT throttle.schedule('again', 'r', '2031-10-01 11:00:00+00', '{"v": 2}', on_duplicate => 'ignore') = :r AS same;
+SELECT attempts AS ignored_keeps_attempts FROM throttle.event WHERE id = :r;
+SELECT throttle.schedule('again', 'r', '2031-10-01 11:00:00+00', '{"v": 3}') = :r AS same;
+SELECT attempts AS replaced_starts_again FROM throttle.event WHERE id = :r;
+SELECT attempts, payload FROM throttle.claim('again', 'w2');
+SELECT claim_token AS rt FROM throttle.event WHERE id = :r \gset
+SELECT throttle.fail(ARRAY[:r]::bigint[], :rt, 'boom again', '0 seconds') AS failed;
+SELECT state, attempts FROM throttle.event WHERE id = :r;
+SELECT throttle.schedule_many('again', ARRAY['r'], ARRAY['2031-10-01 09:00:00+00']::timestamptz[],
+                              ARRAY['{"v": 4}']::jsonb[], on_duplicate => 'keep_earlier') = ARRAY[:r]::bigint[] AS same;
+SELECT attempts AS batch_starts_again, payload, run_at FROM throttle.event WHERE id = :r;
+SELECT attempt, outcome, error FROM throttle.attempt_history WHERE event_id = :r ORDER BY claimed_at, attempt;
+-- No claim leaves an event pending with its attempts used up, where the
+-- next claim would kill it unrun: a group claim cut short by max ends the
+-- expired claims it leaves, dead when that was their last attempt, so a
+-- run scheduled after that is a new event and runs.
+SELECT count(throttle.schedule('again', 'g' || n, '2031-10-01 11:00:00+00', group_key => 'G', max_attempts => 1))
+FROM generate_series(1, 2) n;
+SELECT count(*) AS claimed FROM throttle.claim_group('again', 'wg1', '1 minute');
+SET pg_throttle.test_clock = '2031-10-01 12:05:00+00';
+SELECT count(*) AS claimed FROM throttle.claim_group('again', 'wg2', '1 minute', 1);
+SELECT item_key, state, attempts, last_error FROM throttle.event WHERE queue = 'again' AND group_key = 'G' ORDER BY id;
+SELECT throttle.schedule('again', 'g2', '2031-10-01 12:00:00+00', '{"v": "new"}', group_key => 'G', max_attempts => 1) AS g2 \gset
+SELECT id = :g2 AS the_new_run, item_key, payload, attempts FROM throttle.claim_group('again', 'wg3', '1 minute');
+-- release_group ends a claim on its last attempt: dead, not pending.
+SELECT throttle.schedule('again', 'h1', '2031-10-01 12:00:00+00', group_key => 'H', max_attempts => 1) AS h1 \gset
+SELECT count(*) AS claimed FROM throttle.claim_group('again', 'wh1', '1 hour');
+SELECT throttle.release_group('again', 'H') AS released;
+SELECT state, attempts, last_error FROM throttle.event WHERE id = :h1;
+SELECT attempt, outcome FROM throttle.attempt_history WHERE event_id = :h1;
+RESET pg_throttle.test_clock;
+DELETE FROM throttle.event_attempt WHERE event_id IN (SELECT id FROM throttle.all_events WHERE queue = 'again');
+DELETE FROM throttle.event WHERE queue = 'again';
+DELETE FROM throttle.event_history WHERE queue = 'again';

@@ -357,7 +357,7 @@ RETURNS bigint
 AS 'MODULE_PATHNAME', 'pg_throttle_schedule'  -- src/pg/queue/schedule.cpp
 LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION throttle.schedule(text, text, timestamptz, jsonb, text, integer, integer, text, text) IS
-    'Schedules an event, or, when item_key names a pending event of the queue, updates it as on_duplicate says (replace: run_at, payload and priority; keep_earlier: the same but the earlier run_at; ignore: nothing; its group_key and concurrency_key stay); returns its id. When the event of item_key is claimed it is left alone and a new event is scheduled, which no worker gets before the claimed one ends. NOTIFYs the channel named after the queue when the event is due.';
+    'Schedules an event, or, when item_key names a pending event of the queue, updates it as on_duplicate says (replace: run_at, payload and priority; keep_earlier: the same but the earlier run_at; ignore: nothing; its group_key, concurrency_key and max_attempts stay); returns its id. A pending event that replace or keep_earlier updates is a new run: its attempts start again at 0, whatever its earlier claims used. When the event of item_key is claimed it is left alone and a new event is scheduled, which no worker gets before the claimed one ends. NOTIFYs the channel named after the queue when the event is due.';
 
 -- A batch of schedule calls in one statement: the same rules, applied as if
 -- the calls ran one after the other in the order of item_keys.
@@ -460,7 +460,8 @@ BEGIN
     -- payload and run_at (replace), the last payload and the earliest run_at
     -- (keep_earlier), or the first call's (ignore). Rows go in in one order
     -- of item_key (bytewise), in both statements, so that two batches never
-    -- wait for each other in a circle.
+    -- wait for each other in a circle. A pending event that replace or
+    -- keep_earlier updates is a new run, with attempts of its own (0).
     WITH batch AS (
         SELECT b.k AS item_key, b.r AS run_at, coalesce(b.p, '{}') AS payload, b.g AS group_key,
                b.c AS concurrency_key, b.ord
@@ -494,7 +495,8 @@ BEGIN
                                                   WHEN 'keep_earlier' THEN least(e.run_at, excluded.run_at)
                                                   ELSE e.run_at END,
                       payload = CASE WHEN on_duplicate = 'ignore' THEN e.payload ELSE excluded.payload END,
-                      priority = CASE WHEN on_duplicate = 'ignore' THEN e.priority ELSE excluded.priority END
+                      priority = CASE WHEN on_duplicate = 'ignore' THEN e.priority ELSE excluded.priority END,
+                      attempts = CASE WHEN on_duplicate = 'ignore' THEN e.attempts ELSE 0 END
         RETURNING e.id, e.item_key, e.run_at)
     SELECT (SELECT array_agg(s.id ORDER BY b.ord) FROM batch b JOIN scheduled s USING (item_key)),
            (SELECT array_agg(s.id ORDER BY s.id) FROM scheduled s WHERE s.run_at <= now)
@@ -504,7 +506,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION throttle.schedule_many(text, text[], timestamptz[], jsonb[], text[], integer, integer, text, text[]) IS
-    'Schedules a batch of events of one queue in one statement: item_keys[i] at run_at[i] with payloads[i], group_keys[i] and concurrency_keys[i] (the arrays have one element per item_key; payloads, group_keys and concurrency_keys may be NULL for none), as if throttle.schedule ran for each in turn; returns their ids in the order of item_keys (an item_key named twice gets one event, and its id twice). NOTIFYs the queue''s channel with each event that is due.';
+    'Schedules a batch of events of one queue in one statement: item_keys[i] at run_at[i] with payloads[i], group_keys[i] and concurrency_keys[i] (the arrays have one element per item_key; payloads, group_keys and concurrency_keys may be NULL for none), as if throttle.schedule ran for each in turn (a pending event that replace or keep_earlier updates starts again at 0 attempts); returns their ids in the order of item_keys (an item_key named twice gets one event, and its id twice). NOTIFYs the queue''s channel with each event that is due.';
 
 CREATE FUNCTION throttle.cancel(queue text, item_key text)
 RETURNS boolean
@@ -616,7 +618,7 @@ AS 'MODULE_PATHNAME', 'pg_throttle_claim'
 LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off;  -- index lookups, whatever the plans' statistics said
 COMMENT ON FUNCTION throttle.claim(text, text, interval, integer) IS
-    'Claims up to max due events without a group_key for worker until lease: claims whose lease expired, then pending events with run_at <= now, higher priority first, then oldest first; never waits for rows another worker is claiming. The events carry the claim''s claim_token, which complete, fail and extend need. Grouped events are claimed with throttle.claim_group.';
+    'Claims up to max due events without a group_key for worker until lease: claims whose lease expired, then pending events with run_at <= now, higher priority first, then oldest first; never waits for rows another worker is claiming. The events carry the claim''s claim_token, which complete, fail and extend need. Grouped events are claimed with throttle.claim_group; an expired claim of claim_group whose item_key has a due run without a group_key is ended first (cancelled, superseded by that run).';
 
 CREATE FUNCTION throttle.claim_group(queue text, worker text, lease interval DEFAULT '5 minutes',
                                      max integer DEFAULT NULL)
@@ -625,7 +627,7 @@ AS 'MODULE_PATHNAME', 'pg_throttle_claim_group'
 LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off;  -- index lookups, whatever the plans' statistics said
 COMMENT ON FUNCTION throttle.claim_group(text, text, interval, integer) IS
-    'Claims the due events of one group of the queue (every one, or the oldest max) for worker until lease. While the lease holds no other worker gets any event of that group, including events that become due meanwhile; a queue in throttle.group_policy lets that many claims hold a group at once, each with events no other holds, or keeps a group''s events in strict order. Returns no rows when no group is free.';
+    'Claims the due events of one group of the queue (every one, or the oldest max) for worker until lease. While the lease holds no other worker gets any event of that group, including events that become due meanwhile; a queue in throttle.group_policy lets that many claims hold a group at once, each with events no other holds, or keeps a group''s events in strict order. An expired claim of throttle.claim whose item_key has a due grouped run is ended first (cancelled, superseded by that run). Returns no rows when no group is free.';
 
 -- A unique violation of event_pending_key while fail or release_group moves
 -- a claimed run back to pending means a newer run of its item_key
@@ -791,13 +793,20 @@ $$;
 COMMENT ON FUNCTION throttle.retry_dead(text, text, timestamptz) IS
     'Retries the dead events of a queue, those whose last_error is LIKE error_like and that died at or after dead_since when given; one row per event, as throttle.retry(bigint[]).';
 
--- Claims ended by someone else than their worker (release_group, or a
--- claim_group that takes over a group without units for all of its expired
--- claims): pending again, due, their attempts kept, the worker fenced (no
--- token); cancelled instead when a newer run of the item_key is pending. A
--- newer run that commits meanwhile shows as a unique violation: then again.
--- The caller has locked the rows.
-CREATE FUNCTION throttle._fence_claims(ids bigint[], now timestamptz)
+-- Claims ended by someone else than their worker (release_group; fail,
+-- for the later events of a strict group's claim; a claim_group that takes
+-- over a group without taking all of its expired claims; a claimer that
+-- ends an expired claim of the other kind holding back a newer run):
+-- pending again, due, the worker fenced (no token); cancelled instead when a
+-- newer run of the item_key is pending. Each claim is an attempt in
+-- throttle.event_attempt, as its claim counted it. The claims in uncharged
+-- never ran their event (it waited behind an earlier event of its strict
+-- group): their attempt is given back. The others keep it, and an event
+-- whose attempts are then used up is dead instead of pending: no event is
+-- left pending that the next claim would kill unrun. A newer run that
+-- commits meanwhile shows as a unique violation: then again. The caller
+-- has locked the rows.
+CREATE FUNCTION throttle._fence_claims(ids bigint[], now timestamptz, uncharged bigint[] DEFAULT '{}')
 RETURNS SETOF throttle.event
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -814,11 +823,26 @@ BEGIN
     FOR attempt IN 1 .. 3 LOOP
         BEGIN
             -- Each event is found by id and tested on its own row, in one
-            -- snapshot: no part joins the events to a list of them, which a
-            -- generic plan that expects ten ids runs as a nested loop
-            -- (seconds for a claim of 5 000). Superseded (a newer pending
-            -- run of its item_key, looked up per row): cancelled into the
-            -- history; the others go back to pending, expired ones apart,
+            -- snapshot: no statement joins the events to a list of them,
+            -- which a generic plan that expects ten ids runs as a nested
+            -- loop (seconds for a claim of 5 000). The attempts first, as
+            -- the claims counted them; an expired one ended with its lease.
+            INSERT INTO throttle.event_attempt (event_id, attempt, claimed_at, claimed_by,
+                                                claimed_role, ended_at, outcome)
+            SELECT e.id, e.attempts, e.claimed_at, e.claimed_by, e.claimed_role,
+                   CASE WHEN e.lease_until <= now THEN e.lease_until ELSE now END,
+                   CASE WHEN e.lease_until <= now THEN 'expired' ELSE 'released' END
+            FROM throttle.event e
+            WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED'
+            ORDER BY e.id;
+            IF cardinality(uncharged) > 0 THEN  -- (the set operation hashes both lists)
+                UPDATE throttle.event e SET attempts = greatest(e.attempts - 1, 0)
+                WHERE e.id = ANY (ARRAY(SELECT unnest(ids) INTERSECT SELECT unnest(uncharged)))
+                  AND upper(e.state) = 'CLAIMED';
+            END IF;
+            -- Superseded (a newer pending run of its item_key, looked up per
+            -- row): cancelled into the history; the others go back to
+            -- pending, or die with their last attempt, expired ones apart,
             -- so that each part knows the lease it ends.
             WITH gone AS (
                 DELETE FROM throttle.event e
@@ -835,8 +859,7 @@ BEGIN
                        now AS cancelled_at, g.last_error, g.claimed_role, g.priority,
                        CASE WHEN g.lease_until <= now THEN g.lease_until ELSE g.failed_at END
                            AS failed_at,
-                       g.cancelled_by, g.concurrency_key,
-                       g.lease_until AS ended_lease, g.lease_until <= now AS expired
+                       g.cancelled_by, g.concurrency_key
                 FROM gone g),
             moved AS (
                 INSERT INTO throttle.event_history
@@ -848,8 +871,15 @@ BEGIN
                 FROM superseded h),
             expired AS (
                 UPDATE throttle.event e
-                SET state = 'pending', failed_at = e.lease_until, lease_until = NULL,
-                    claim_token = NULL
+                SET state = CASE WHEN e.attempts < e.max_attempts THEN 'pending' ELSE 'dead' END,
+                    completed_at = CASE WHEN e.attempts < e.max_attempts THEN e.completed_at
+                                        ELSE now END,
+                    completed_by = CASE WHEN e.attempts < e.max_attempts THEN e.completed_by
+                                        ELSE e.claimed_by END,
+                    last_error = CASE WHEN e.attempts < e.max_attempts THEN e.last_error
+                                      ELSE coalesce(e.last_error,
+                                                    'lease expired ' || e.attempts || ' times') END,
+                    failed_at = e.lease_until, lease_until = NULL, claim_token = NULL
                 WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.lease_until <= now
                   AND NOT EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
                                   WHERE u.queue = e.queue AND u.item_key = e.item_key
@@ -857,7 +887,15 @@ BEGIN
                 RETURNING e.*),
             released AS (
                 UPDATE throttle.event e
-                SET state = 'pending', lease_until = NULL, claim_token = NULL
+                SET state = CASE WHEN e.attempts < e.max_attempts THEN 'pending' ELSE 'dead' END,
+                    completed_at = CASE WHEN e.attempts < e.max_attempts THEN e.completed_at
+                                        ELSE now END,
+                    completed_by = CASE WHEN e.attempts < e.max_attempts THEN e.completed_by
+                                        ELSE e.claimed_by END,
+                    last_error = CASE WHEN e.attempts < e.max_attempts THEN e.last_error
+                                      ELSE coalesce(e.last_error,
+                                                    'released on its last attempt') END,
+                    lease_until = NULL, claim_token = NULL
                 WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED'
                   AND (e.lease_until <= now) IS NOT TRUE
                   AND NOT EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
@@ -865,26 +903,11 @@ BEGIN
                                     AND u.state = 'pending' OFFSET 0)
                 RETURNING e.*),
             f AS (
-                SELECT ROW(h.id, h.queue, h.item_key, h.group_key, h.payload, h.run_at, h.state,
-                           h.attempts, h.max_attempts, h.enqueued_at, h.enqueued_by,
-                           h.claimed_at, h.claimed_by, h.claim_token, h.lease_until,
-                           h.completed_at, h.completed_by, h.cancelled_at, h.last_error,
-                           h.claimed_role, h.priority, h.failed_at, h.cancelled_by,
-                           h.concurrency_key)::throttle.event AS fenced,
-                       h.ended_lease AS lease_until, h.expired
-                FROM superseded h
+                SELECT ROW(h.*)::throttle.event AS fenced FROM superseded h
                 UNION ALL
-                SELECT ROW(x.*)::throttle.event, x.failed_at, true FROM expired x
+                SELECT ROW(x.*)::throttle.event FROM expired x
                 UNION ALL
-                SELECT ROW(r.*)::throttle.event, NULL, false FROM released r),
-            logged AS (
-                INSERT INTO throttle.event_attempt (event_id, attempt, claimed_at, claimed_by,
-                                                    claimed_role, ended_at, outcome)
-                SELECT (f.fenced).id, (f.fenced).attempts, (f.fenced).claimed_at,
-                       (f.fenced).claimed_by, (f.fenced).claimed_role,
-                       CASE WHEN f.expired THEN f.lease_until ELSE now END,
-                       CASE WHEN f.expired THEN 'expired' ELSE 'released' END
-                FROM f ORDER BY (f.fenced).id)
+                SELECT ROW(r.*)::throttle.event FROM released r)
             SELECT array_agg(f.fenced ORDER BY (f.fenced).id) INTO fenced FROM f;
             EXIT;
         EXCEPTION WHEN unique_violation THEN
@@ -897,8 +920,8 @@ BEGIN
     RETURN QUERY SELECT * FROM unnest(fenced);
 END
 $$;
-COMMENT ON FUNCTION throttle._fence_claims(bigint[], timestamptz) IS
-    'Internal: ends claims for someone else than their worker: pending again with their attempts kept (cancelled when a newer run of their item_key is pending), without a token. Records each attempt in throttle.event_attempt: expired when its lease had ended, else released.';
+COMMENT ON FUNCTION throttle._fence_claims(bigint[], timestamptz, bigint[]) IS
+    'Internal: ends claims for someone else than their worker: pending again, without a token (cancelled when a newer run of their item_key is pending). Records each attempt in throttle.event_attempt: expired when its lease had ended, else released. The claims in uncharged never ran their event and give its attempt back; the others keep it, and an event whose attempts are then used up is dead, not pending.';
 
 CREATE FUNCTION throttle._group_reset(queue text, group_key text)
 RETURNS boolean
@@ -914,19 +937,26 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     ended throttle.event[];
+    held bigint[];
+    uncharged bigint[] := '{}';
 BEGIN
     PERFORM throttle._require(queue, 'queue'), throttle._require(group_key, 'group_key');
-    PERFORM 1 FROM throttle.event x  -- in id order, as complete, fail and extend lock
-    WHERE x.queue = release_group.queue AND x.group_key = release_group.group_key
-      AND x.group_key IS NOT NULL AND x.state = 'claimed'
-    ORDER BY x.id
-    FOR UPDATE;
-    SELECT array_agg(f) INTO ended
-    FROM throttle._fence_claims(ARRAY(SELECT x.id FROM throttle.event x  -- event_claimed_groups
-                                      WHERE x.queue = release_group.queue
-                                        AND x.group_key = release_group.group_key
-                                        AND x.group_key IS NOT NULL AND x.state = 'claimed'),
-                                throttle.now()) AS f;
+    held := ARRAY(SELECT x.id FROM throttle.event x  -- in id order, as complete, fail and extend lock
+                  WHERE x.queue = release_group.queue AND x.group_key = release_group.group_key
+                    AND x.group_key IS NOT NULL AND x.state = 'claimed'
+                  ORDER BY x.id
+                  FOR UPDATE);
+    -- In a group kept in strict order each claim ran its first event only:
+    -- the later ones waited behind it, and get their attempt back.
+    IF EXISTS (SELECT 1 FROM throttle.group_policy p
+               WHERE p.queue = release_group.queue AND p.strict_order) THEN
+        uncharged := ARRAY(SELECT c.id
+                           FROM (SELECT x.id, min(x.id) OVER (PARTITION BY x.claim_token) AS first
+                                 FROM throttle.event x
+                                 WHERE x.id = ANY (held) AND upper(x.state) = 'CLAIMED') AS c
+                           WHERE c.id > c.first);
+    END IF;
+    SELECT array_agg(f) INTO ended FROM throttle._fence_claims(held, throttle.now(), uncharged) AS f;
     -- Until this commits the rows still say claimed, which keeps the group
     -- from every other worker.
     PERFORM throttle._group_reset(queue, group_key);
@@ -939,7 +969,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION throttle.release_group(text, text) IS
-    'Ends the claim on a group of a queue, whoever holds it: its claimed events are pending again (due, their attempts kept) and the holder is fenced. Returns how many events it handed back. For operators.';
+    'Ends the claim on a group of a queue, whoever holds it: its claimed events are pending again (due, their attempts kept; dead when the claim was their last attempt) and the holder is fenced. In a group kept in strict order only the first event of each claim ran: the later ones get their attempt back. Returns how many claimed events it ended. For operators.';
 REVOKE EXECUTE ON FUNCTION throttle.release_group(text, text) FROM PUBLIC;
 
 CREATE FUNCTION throttle.purge(older_than interval, queue text DEFAULT NULL,

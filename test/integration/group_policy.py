@@ -20,7 +20,9 @@ group. Every event is completed exactly once.
 Strict order: the rules on the test clock (id order whatever run_at says, a
 failed event holding back the claim's later ones without using their
 attempts, a head not yet due or backing off holding back the group, a dead
-or cancelled head letting it go on), then a race: 8 workers drain groups
+or cancelled head letting it go on, an expired claim taken over by a claim
+cut short by max or by the queue's bucket, or released, charging its first
+event only), then a race: 8 workers drain groups
 kept in strict order, failing a fifth of their events at random; each
 group's completions, in the order the server recorded them, must be in id
 order.
@@ -212,6 +214,111 @@ def strict_rules(tap):
                  (STRICT,))[0][0], ["z-first", "a-second", "m-third"],
             "a schedule_many batch in a strict group runs in the order of its item_keys array")
     cur.execute("DELETE FROM throttle.group_policy WHERE queue = %s", (STRICT,))
+    conn.close()
+
+
+STRICT_BACK = "it.strict.back"
+
+
+def strict_handback(tap):
+    """An expired strict claim ran its first event only (its worker went in
+    order and stopped there): a claim that takes the group over cut short,
+    by max or by the queue's bucket, and release_group charge that one
+    only. The events handed back untaken go back to pending with the
+    attempts they had before the expired claim, and run; every claim stays
+    in the history."""
+    conn = connect()
+    cur = conn.cursor()
+    cur.execute("SET pg_throttle.test_clock = '2030-01-02 12:00:00+00'")
+    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (STRICT_BACK,))
+    cur.execute("INSERT INTO throttle.group_policy (queue, strict_order) VALUES (%s, true)",
+                (STRICT_BACK,))
+
+    def three(group):
+        return [rows(cur, "SELECT throttle.schedule(%s, %s, throttle.now(), group_key => %s,"
+                          " max_attempts => 1)", (STRICT_BACK, f"{group}{n}", group))[0][0]
+                for n in range(1, 4)]
+
+    def seen(ids):
+        return rows(cur, "SELECT array_agg(state || ':' || attempts ORDER BY id)"
+                         " FROM throttle.all_events WHERE id = ANY (%s)", (ids,))[0][0]
+
+    def logged(ids):
+        return rows(cur, "SELECT array_agg(outcome || ':' || attempt ORDER BY event_id, id)"
+                         " FROM throttle.event_attempt WHERE event_id = ANY (%s)", (ids,))[0][0]
+
+    def at(clock):
+        cur.execute(f"SET pg_throttle.test_clock = '2030-01-02 {clock}+00'")
+
+    def finish(ids, token):
+        if ids:
+            complete(cur, ids, token)
+
+    # Cut short by max.
+    m = three("m")
+    first, _ = claim(cur, "a", max_=None, queue=STRICT_BACK)
+    at("12:05:00")
+    cut, _ = claim(cur, "b", max_=1, queue=STRICT_BACK)
+    tap.is_((first, seen(m), logged(m)),
+            (m, ["dead:1", "pending:0", "pending:0"], ["expired:1"] * 3),
+            "a strict claim expired, taken over with max 1: its first event dies on its only attempt, "
+            "the two handed back untaken get their attempt back (each claim in the history)")
+    c, tc = claim(cur, "c", max_=1, queue=STRICT_BACK)
+    finish(c, tc)
+    d, td = claim(cur, "d", max_=1, queue=STRICT_BACK)
+    finish(d, td)
+    tap.is_((cut, c, d, seen(m)), ([], m[1:2], m[2:3], ["dead:1", "done:1", "done:1"]),
+            "and they run, in order, one attempt each")
+
+    # Cut short by the queue's bucket: one unit every 10 minutes (a bucket
+    # of this run's own: the registry keeps a bucket's units across runs).
+    at("13:00:00")
+    bucket = f"it.strict.back.{os.getpid()}"
+    cur.execute("INSERT INTO throttle.bucket (name, rate, per, burst) VALUES (%s, 1, '10 minutes', 3)",
+                (bucket,))
+    cur.execute("INSERT INTO throttle.queue_bucket (queue, bucket) VALUES (%s, %s)", (STRICT_BACK, bucket))
+    q = three("q")
+    first, _ = claim(cur, "a", max_=None, queue=STRICT_BACK)
+    at("13:10:00")
+    claim(cur, "b", max_=None, queue=STRICT_BACK)
+    tap.is_((first, seen(q), logged(q)),
+            (q, ["dead:1", "pending:0", "pending:0"], ["expired:1"] * 3),
+            "taken over with one unit in the bucket: the same")
+    at("13:20:00")
+    c, tc = claim(cur, "c", max_=None, queue=STRICT_BACK)
+    tap.is_(c, q[1:2], "and the next unit runs the second event")
+    finish(c, tc)
+    cur.execute("DELETE FROM throttle.queue_bucket WHERE queue = %s", (STRICT_BACK,))
+    cur.execute("DELETE FROM throttle.bucket WHERE name = %s", (bucket,))
+    finish(*claim(cur, "c", max_=None, queue=STRICT_BACK))  # the third
+
+    # release_group: the same rule.
+    r = three("r")
+    first, _ = claim(cur, "a", max_=None, queue=STRICT_BACK)
+    released = rows(cur, "SELECT throttle.release_group(%s, 'r')", (STRICT_BACK,))[0][0]
+    tap.is_((first, released, seen(r), logged(r)),
+            (r, 3, ["dead:1", "pending:0", "pending:0"], ["released:1"] * 3),
+            "release_group of a strict claim: its first event, on its only attempt, dies; "
+            "the later ones never ran and get their attempt back")
+    e, te = claim(cur, "e", max_=None, queue=STRICT_BACK)
+    tap.is_(e, r[1:], "and they run")
+    finish(e, te)
+
+    # claim ends an expired claim whose first event has a newer run without
+    # a group: the claim's later events never ran either.
+    at("14:00:00")
+    x = three("x")
+    first, _ = claim(cur, "a", max_=None, queue=STRICT_BACK)
+    newer = rows(cur, "SELECT throttle.schedule(%s, 'x1', throttle.now())", (STRICT_BACK,))[0][0]
+    at("14:05:00")
+    single = rows(cur, "SELECT array_agg(id) FROM throttle.claim(%s, 'f', '1 minute')", (STRICT_BACK,))[0][0]
+    tap.is_((first, single, seen(x), logged(x)),
+            (x, [newer], ["cancelled:1", "pending:0", "pending:0"], ["expired:1"] * 3),
+            "a strict claim whose expired first event a newer run without a group supersedes: "
+            "the later events never ran, and get their attempt back")
+    g, _ = claim(cur, "g", max_=None, queue=STRICT_BACK)
+    tap.is_(g, x[1:], "and they run")
+    cur.execute("DELETE FROM throttle.group_policy WHERE queue = %s", (STRICT_BACK,))
     conn.close()
 
 
@@ -416,11 +523,12 @@ def race(tap):
 
 
 def main():
-    tap = Tap(47)
+    tap = Tap(55)
     rules(tap)
     isolation(tap)
     race(tap)
     strict_rules(tap)
+    strict_handback(tap)
     strict_race(tap)
     return tap.done()
 

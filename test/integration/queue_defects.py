@@ -7,7 +7,9 @@ and held transactions (never with luck):
   never claims an event that transaction ends;
 - a claim_group rolled back (whole, or to a savepoint) leaves its group free;
 - schedule of an item_key whose event is claimed schedules a new run after
-  it, which is neither lost nor run beside the claimed one;
+  it, which is neither lost nor run beside the claimed one; a claim of one
+  claimer (claim, claim_group) holds back a newer run that the other one
+  takes only while its lease holds;
 - a group_key of any length (groups whose keys share their first 200 bytes
   are still two groups);
 - enqueued_by names the role that called schedule, not the extension's owner;
@@ -138,7 +140,7 @@ def claim_group_during(tap, admin, queue, change, what):
 
 
 def main():
-    tap = Tap(57)
+    tap = Tap(61)
     admin = connect()
     cur = admin.cursor()
 
@@ -717,6 +719,38 @@ def main():
             (1, ["cancelled", "pending"]), "fail after the newer run committed: the failed run is superseded")
     worker.close()
     producer.close()
+    # 58-61: an expired claim of an item_key holds back its newer run only
+    # until the next claimer of that run's kind comes by: claim_group ends
+    # an expired claim of throttle.claim, claim one of claim_group, as each
+    # ends its own kind's (cancelled, superseded by the newer run, its
+    # attempt expired in the history). While the lease holds, the newer run
+    # waits.
+    clock = connect()
+    ccur = clock.cursor()
+    ccur.execute("SET pg_throttle.test_clock = '2030-03-01 12:00:00+00'")
+    for first, then, queue in (("claim", "claim_group", "d.cross.kind1"),
+                               ("claim_group", "claim", "d.cross.kind2")):
+        fresh(ccur, queue)
+        ccur.execute("SET pg_throttle.test_clock = '2030-03-01 12:00:00+00'")
+        one(clock, "SELECT throttle.schedule(%s, 'k', throttle.now(), group_key => %s)",
+            (queue, "g" if first == "claim_group" else None))
+        old = one(clock, f"SELECT id FROM throttle.{first}(%s, 'w1', '1 minute')", (queue,))[0]
+        new = one(clock, "SELECT throttle.schedule(%s, 'k', throttle.now(), group_key => %s)",
+                  (queue, "g" if then == "claim_group" else None))[0]
+        held = one(clock, f"SELECT count(*) FROM throttle.{then}(%s, 'w2', '1 minute')", (queue,))[0]
+        ccur.execute("SET pg_throttle.test_clock = '2030-03-01 12:05:00+00'")
+        got = one(clock, f"SELECT array_agg(id) FROM throttle.{then}(%s, 'w2', '1 minute')", (queue,))[0]
+        tap.is_((held, got), (0, [new]),
+                f"a newer run waits while the claim of {first} holds, and {then} takes it once that "
+                f"claim expired, with no {first} call")
+        ccur.execute("SELECT attempt, outcome, ended_at FROM throttle.event_attempt WHERE event_id = %s",
+                     (old,))
+        tap.is_((one(clock, "SELECT state, cancelled_by, failed_at FROM throttle.all_events WHERE id = %s",
+                     (old,)), ccur.fetchall()),
+                (("cancelled", None, datetime.datetime(2030, 3, 1, 12, 1, tzinfo=datetime.timezone.utc)),
+                 [(1, "expired", datetime.datetime(2030, 3, 1, 12, 1, tzinfo=datetime.timezone.utc))]),
+                f"the expired claim of {first} ends superseded, its attempt expired at the end of its lease")
+    clock.close()
     b.close()
     admin.close()
     tap.done()

@@ -7,6 +7,9 @@
 // transaction holds (SKIP LOCKED):
 //  0. the highest priority of the pending events, and the concurrency keys
 //     that the snapshot shows full, in one statement;
+//  -  when an expired claim of claim_group holds back a due event without a
+//     group_key (a newer run of its item_key), that claim ended first
+//     (blocking_claims.hpp);
 //  1. claims whose lease expired, oldest lease first;
 //  2. due pending events, one priority at a time from the highest (a skip
 //     scan along event_due_single: within a priority run_at <= now bounds
@@ -32,6 +35,7 @@
 #include "pg/boundary.hpp"
 #include "pg/clock.hpp"
 #include "pg/kept_plan.hpp"
+#include "pg/queue/blocking_claims.hpp"
 #include "pg/queue/claim_limit.hpp"
 #include "pg/queue/claim_token.hpp"
 #include "pg/queue/concurrency_keys.hpp"
@@ -85,15 +89,18 @@ KeptPlan expired_claims{
     "        WHERE e.queue = $1 AND e.state = 'claimed' AND e.lease_until <= $2" \
     "          AND e.group_key IS NULL)"
 
+// And whether an expired claim of claim_group holds back a due event
+// without a group_key (blocking_claims.hpp): ended only then.
 KeptPlan claim_start{"SELECT " TOP_PENDING_PRIORITY("") ", " PG_THROTTLE_FULL_CONCURRENCY_KEYS
-                                                        ", " ANY_EXPIRED_CLAIM,
+                                                        ", " ANY_EXPIRED_CLAIM
+                                                        ", " PG_THROTTLE_ANY_BLOCKING_GROUP_CLAIM,
                      2,
                      {TEXTOID, TIMESTAMPTZOID},
                      nullptr};
 
 #undef ANY_EXPIRED_CLAIM
 
-enum StartColumn : int { kTopPriority = 1, kFullKeys = 2, kAnyExpired = 3 };
+enum StartColumn : int { kTopPriority = 1, kFullKeys = 2, kAnyExpired = 3, kAnyBlocking = 4 };
 
 // The highest priority below $2 (the same backward scan).
 KeptPlan next_priority{
@@ -257,6 +264,8 @@ Datum claim(FunctionCallInfo fcinfo) {
     }
     const bool expired_found = DatumGetBool(
         SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, kAnyExpired, &is_null));
+    const bool blocking_found = DatumGetBool(
+        SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, kAnyBlocking, &is_null));
     // Read before concurrency_keys_start, whose statements replace SPI_tuptable.
     ConcurrencyKeys keys = concurrency_keys_start(
         queue, DatumGetTimestampTz(now),
@@ -264,6 +273,9 @@ Datum claim(FunctionCallInfo fcinfo) {
             SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, kFullKeys, &is_null)));
     Ids taken{};
 
+    if (blocking_found) {
+        end_blocking_claims(queue, DatumGetTimestampTz(now), Claimer::kClaim);
+    }
     if (expired_found) {
         Datum expired_args[7] = {queue, now, 0, 0, 0, 0, 0};
         Scan expired{&expired_claims, expired_args, 2, 3, 0, 0};

@@ -5,8 +5,10 @@
 // Candidates come in two passes, each read in batches of 64 along an index
 // (keyset, so a call reads only as far as the first free group): groups left
 // behind by a claim whose lease expired, then groups with due events, oldest
-// first. A group already tried in this call is skipped by a hash lookup. For
-// each new candidate:
+// first. A group already tried in this call is skipped by a hash lookup.
+// Before them, expired claims of throttle.claim that hold back a due grouped
+// run of their item_key are ended (blocking_claims.hpp). For each new
+// candidate:
 //  0. when the queue's groups have buckets of their own (throttle.
 //     group_bucket), the group's units: a group whose bucket is empty is
 //     passed over at the cost of one look-up;
@@ -30,7 +32,10 @@
 //     passed over), and no more than a bucket that limits the queue gives
 //     units for (claim_limit.hpp); none when it is empty, and then the call
 //     ends.
-//     Expired claims left out are ended for their old worker;
+//     Expired claims left out are ended for their old worker: pending
+//     again, or dead when that claim was their last attempt; in a strict
+//     group those after the old claim's first never ran, and get their
+//     attempt back;
 //  4. the events are marked claimed (mark_claimed.hpp), in a transaction
 //     whose commit is durable (durable_commit.hpp). A group whose due events
 //     all had their attempts used up is released, and the next one tried.
@@ -41,6 +46,7 @@
 #include "pg/holder.hpp"
 #include "pg/kept_plan.hpp"
 #include "pg/locks/locks.hpp"
+#include "pg/queue/blocking_claims.hpp"
 #include "pg/queue/claim_limit.hpp"
 #include "pg/queue/durable_commit.hpp"
 #include "pg/queue/event_rows.hpp"
@@ -182,12 +188,14 @@ KeptPlan never_ran{
     nullptr};
 
 // Expired claims ($1) that this claim does not take ($3) ended for their
-// worker (throttle._fence_claims).
+// worker (throttle._fence_claims); those that never ran ($4, never_ran's)
+// get their attempt back.
 KeptPlan fence_claims{
     "SELECT count(*) FROM throttle._fence_claims("
-    "  ARRAY(SELECT unnest($1::bigint[]) EXCEPT SELECT unnest($3::bigint[])), $2)",
-    3,
-    {INT8ARRAYOID, TIMESTAMPTZOID, INT8ARRAYOID},
+    "  ARRAY(SELECT unnest($1::bigint[]) EXCEPT SELECT unnest($3::bigint[])), $2,"
+    "  coalesce($4, '{}'))",
+    4,
+    {INT8ARRAYOID, TIMESTAMPTZOID, INT8ARRAYOID, INT8ARRAYOID},
     nullptr};
 
 // The groups this call has tried: a hash of their keys, each bucket a chain
@@ -372,12 +380,14 @@ uint64 claim_one_group(const GroupClaim& claim, const text* group_key, const SPI
         // The first events (expired claims first, then the oldest; in strict
         // order by id), as many as max and the bucket allow. Expired claims
         // left out are ended for their worker now, or it could still complete
-        // them while this claim holds the group.
+        // them while this claim holds the group; those that never ran are
+        // not charged for it (nor made dead by it).
         ids = first_ids(ids, static_cast<int>(allowed));
         if (expired != nullptr) {
-            Datum fence_args[3] = {PointerGetDatum(expired), TimestampTzGetDatum(claim.now),
-                                   PointerGetDatum(ids)};
-            run_kept_plan(&fence_claims, fence_args, nullptr, SPI_OK_SELECT);
+            Datum fence_args[4] = {PointerGetDatum(expired), TimestampTzGetDatum(claim.now),
+                                   PointerGetDatum(ids), PointerGetDatum(uncharged)};
+            const char fence_nulls[4] = {' ', ' ', ' ', uncharged == nullptr ? 'n' : ' '};
+            run_kept_plan(&fence_claims, fence_args, fence_nulls, SPI_OK_SELECT);
         }
     }
     const ClaimRequest request{ids,
@@ -475,6 +485,9 @@ Datum claim_group(FunctionCallInfo fcinfo) {
                            lease_us,
                            &holder,
                            now};
+    // An expired claim of throttle.claim holding back a due grouped run of
+    // its item_key is ended first (blocking_claims.hpp).
+    end_blocking_claims(claim.queue, now, Claimer::kClaimGroup);
     HTAB* tried = tried_groups_create();
     const SPITupleTable* rows = nullptr;
     uint64 claimed = 0;

@@ -99,11 +99,11 @@ KeptPlan fail_events{
 enum FailedColumn : int { kId = 1, kQueue = 2, kItemKey = 3, kGroupKey = 4, kConcurrencyKey = 5 };
 
 // Step 3: the claim's later events of groups kept in strict order, fenced
-// (pending again), as (id, queue, item_key). ($1 ids, $2 queues, $3
-// group_keys of the failed events, $4 token, $5 now.)
+// (pending again), their attempt not counted: they did not run. As (id,
+// queue, item_key). ($1 ids, $2 queues, $3 group_keys of the failed events,
+// $4 token, $5 now.)
 KeptPlan hold_back_later{
-    "SELECT b.id, b.queue, b.item_key FROM throttle._fence_claims("
-    "  ARRAY(SELECT e.id"
+    "SELECT b.id, b.queue, b.item_key FROM (SELECT ARRAY(SELECT e.id"
     "        FROM (SELECT f.queue, f.group_key, min(f.id) AS first_failed"
     "              FROM unnest($1::bigint[], $2::text[], $3::text[]) AS f(id, queue, group_key)"
     "              WHERE f.group_key IS NOT NULL"
@@ -115,20 +115,12 @@ KeptPlan hold_back_later{
     "                              AND e.group_key IS NOT NULL AND e.state = 'claimed'"
     "                              AND e.claim_token = $4 AND e.id > h.first_failed"
     "                            OFFSET 0) AS e"
-    "        ORDER BY e.id),"
-    "  $5) AS b",
+    "        ORDER BY e.id) AS ids) AS later"
+    " CROSS JOIN LATERAL throttle._fence_claims(later.ids, $5, later.ids) AS b",
     5,
     {INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID, INT8OID, TIMESTAMPTZOID},
     nullptr};
 enum HeldBackColumn : int { kHeldId = 1, kHeldQueue = 2, kHeldItemKey = 3 };
-
-// Their attempt is not counted: they did not run.
-KeptPlan uncount_attempts{
-    "UPDATE throttle.event e SET attempts = e.attempts - 1"
-    " WHERE e.id = ANY ($1) AND upper(e.state) = 'PENDING'",
-    1,
-    {INT8ARRAYOID},
-    nullptr};
 
 // Raises 22023 unless retry_in (argument 3) is NULL or a finite interval
 // that is not negative.
@@ -229,10 +221,8 @@ Datum fail(FunctionCallInfo fcinfo) {
             Datum hold_args[5] = {failed_ids, queues, group_keys, token, now};
             run_kept_plan(&hold_back_later, hold_args, nullptr, SPI_OK_SELECT);
             if (SPI_processed > 0) {
-                const Datum held_ids = PointerGetDatum(spi_column(kHeldId, INT8OID));
                 held_queues = PointerGetDatum(spi_column(kHeldQueue, TEXTOID));
                 held_item_keys = PointerGetDatum(spi_column(kHeldItemKey, TEXTOID));
-                run_kept_plan(&uncount_attempts, &held_ids, nullptr, SPI_OK_UPDATE);
             }
             release_emptied_groups(queues, group_keys, token);
         }

@@ -29,7 +29,10 @@ KeptPlan mark_pending_claimed{
     {INT8ARRAYOID, TEXTOID, INTERVALOID, INT8OID, TIMESTAMPTZOID, OIDOID, INT4OID},
     nullptr};
 
-// The rest of them, whose attempts a retry left used up: dead.
+// The rest of them, pending with their attempts used up: dead. No call
+// leaves an event so any more (throttle._fence_claims makes it dead, a
+// replacing schedule starts its attempts again); this is for events that
+// an earlier version left so.
 KeptPlan mark_pending_dead{
     "UPDATE throttle.event SET state = 'dead', completed_at = $2, completed_by = claimed_by,"
     "       last_error = coalesce(last_error, 'lease expired ' || attempts || ' times')"

@@ -8,8 +8,11 @@
 //  2. An INSERT into throttle.event; when the queue has a pending event of
 //     item_key (event_pending_key), on_duplicate says what changes in it:
 //     replace (run_at, payload, priority), keep_earlier (the same, but the
-//     earlier run_at) or ignore (nothing). A claimed event of item_key is
-//     never touched: the new event is its pending successor.
+//     earlier run_at) or ignore (nothing). Replace and keep_earlier make it
+//     a new run, with attempts of its own: they start again at 0 (one whose
+//     earlier claims used its attempts up would otherwise die at its next
+//     claim, unrun). A claimed event of item_key is never touched: the new
+//     event is its pending successor.
 //  3. A NOTIFY on the queue's channel, with the event's id, when it is due.
 #include "pg/standby.hpp"
 #include "pg/arguments.hpp"
@@ -37,7 +40,8 @@ KeptPlan schedule_event{
     "                                 WHEN 'keep_earlier' THEN least(e.run_at, excluded.run_at)"
     "                                 ELSE e.run_at END,"
     "               payload = CASE WHEN $11 = 'ignore' THEN e.payload ELSE excluded.payload END,"
-    "               priority = CASE WHEN $11 = 'ignore' THEN e.priority ELSE excluded.priority END"
+    "               priority = CASE WHEN $11 = 'ignore' THEN e.priority ELSE excluded.priority END,"
+    "               attempts = CASE WHEN $11 = 'ignore' THEN e.attempts ELSE 0 END"
     " RETURNING e.id, e.run_at",
     11,
     {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, TEXTOID, INT4OID,
