@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""The upgrade paths from 0.1.0 (through 0.2.0) and from 0.2.0: the released
+"""The upgrade paths from 0.1.0 (through 0.2.0 and 0.3.0), from 0.2.0 and from
+0.3.0 (with claims in force across the update): the released
 versions are built from the git history and installed in turn; a database of
 each is filled with events in every state, declared resources, registry state
 (an interval granted, a bucket drained, a lease held) and privileges an
@@ -25,6 +26,7 @@ from tap import Tap  # noqa: E402
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 OLD_DB, FRESH_DB = "upgrade_from_010", "upgrade_fresh"
 MID_DB, MID_FRESH_DB = "upgrade_from_020", "upgrade_fresh_020"
+LAST_DB, LAST_FRESH_DB = "upgrade_from_030", "upgrade_fresh_030"
 
 
 def make(directory, *targets):
@@ -190,6 +192,37 @@ def fill_020(conn):
     return one(conn, "SELECT throttle.lock('migration', ttl => '5 minutes')")[0]
 
 
+def fill_030(conn):
+    """0.3.0: events in every state and claims in force at the update: an
+    ungrouped claim, a group's claim and a strict group's claim of two
+    events. Returns the claims: {name: (ids, token)}."""
+    for sql in [
+        "INSERT INTO throttle.group_policy (queue, strict_order) VALUES ('strict', true)",
+        "SELECT throttle.schedule('mail', 'pending', now() + interval '1 hour')",
+        "SELECT throttle.schedule('mail', 'cancelled', now() + interval '1 hour')",
+        "SELECT throttle.cancel('mail', 'cancelled')",
+        "SELECT throttle.schedule('mail', k, now() - interval '1 minute', max_attempts => 1)"
+        " FROM unnest(ARRAY['dead', 'done']) k",
+    ]:
+        execute(conn, sql)
+    ids, token = one(conn, "SELECT array_agg(id ORDER BY item_key), min(claim_token)"
+                           " FROM throttle.claim('mail', 'worker-1', '1 hour', max => 2)")
+    execute(conn, "SELECT throttle.fail(%s, %s, 'boom')", (ids[0:1], token))      # dead
+    execute(conn, "SELECT throttle.complete(%s, %s)", (ids[1:2], token))          # done
+    execute(conn, "SELECT throttle.schedule('mail', 'held', now() - interval '1 minute')")
+    execute(conn, "SELECT throttle.schedule('orders', k, now() - interval '1 minute', group_key => 'c1')"
+                  " FROM unnest(ARRAY['o1', 'o2']) k")
+    execute(conn, "SELECT throttle.schedule('strict', k, now() - interval '1 minute', group_key => 's1')"
+                  " FROM unnest(ARRAY['s1', 's2']) k")
+    claims = {}
+    for name, call in [("held", "throttle.claim('mail', 'worker-2', '1 hour')"),
+                       ("group", "throttle.claim_group('orders', 'worker-3', '1 hour')"),
+                       ("strict", "throttle.claim_group('strict', 'worker-4', '1 hour')")]:
+        got = one(conn, f"SELECT array_agg(id ORDER BY id), min(claim_token) FROM {call}")
+        claims[name] = (got[0], got[1])
+    return claims
+
+
 def catalog_difference(updated_conn, fresh_conn):
     with updated_conn.cursor() as cur:
         cur.execute(CATALOG)
@@ -205,18 +238,20 @@ def catalog_difference(updated_conn, fresh_conn):
 
 
 def main():
-    tap = Tap(28)
+    tap = Tap(39)
     admin = connect()
-    for db in (OLD_DB, FRESH_DB, MID_DB, MID_FRESH_DB):
+    for db in (OLD_DB, FRESH_DB, MID_DB, MID_FRESH_DB, LAST_DB, LAST_FRESH_DB):
         recreate(admin, db)
     for role in ("pgt_upgrade_worker", "pgt_upgrade_other"):
         execute(admin, f"DROP ROLE IF EXISTS {role}")
         execute(admin, f"CREATE ROLE {role}")
-    with tempfile.TemporaryDirectory() as release, tempfile.TemporaryDirectory() as release_020:
-        # Both built before either is installed: the leases taken below
-        # must not run out while one compiles.
+    with tempfile.TemporaryDirectory() as release, tempfile.TemporaryDirectory() as release_020, \
+            tempfile.TemporaryDirectory() as release_030:
+        # All built before any is installed: the leases taken below must not
+        # run out while one compiles.
         build_release(release, "0.1.0")
         build_release(release_020, "0.2.0")
+        build_release(release_030, "0.3.0")
         try:
             make(release, "install")
             admin.close()
@@ -249,6 +284,21 @@ def main():
             tap.is_(sorted({row[0] for row in before_020}), ["cancelled", "claimed", "dead", "done", "pending"],
                     "it holds events in every state")
             mid.close()
+            # 0.3.0, over both.
+            make(release_030, "install")
+            admin.close()
+            admin = restart()
+            last = connect(dbname=LAST_DB)
+            execute(last, "CREATE EXTENSION pg_throttle VERSION '0.3.0'")
+            tap.is_(one(last, "SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle'")[0], "0.3.0",
+                    "0.3.0, built from the git history, is installed")
+            claims_030 = fill_030(last)
+            with last.cursor() as cur:
+                cur.execute(STATES_UPDATED)
+                before_030 = cur.fetchall()
+            tap.is_(sorted({row[0] for row in before_030}), ["cancelled", "claimed", "dead", "done", "pending"],
+                    "it holds events in every state, and claims in force")
+            last.close()
         finally:
             make(ROOT, "install")
     admin.close()
@@ -328,7 +378,8 @@ def main():
     old.close()
     fresh.close()
     from_020(tap, admin, token_020, before_020)
-    for db in (OLD_DB, FRESH_DB, MID_DB, MID_FRESH_DB):
+    from_030(tap, admin, claims_030, before_030)
+    for db in (OLD_DB, FRESH_DB, MID_DB, MID_FRESH_DB, LAST_DB, LAST_FRESH_DB):
         execute(admin, f"DROP DATABASE {db}")
     for role in ("pgt_upgrade_worker", "pgt_upgrade_other"):
         execute(admin, f"DROP ROLE {role}")
@@ -370,6 +421,49 @@ def from_020(tap, admin, token, before):
     tap.is_(one(mid, "SELECT throttle.unlock('migration', %s)", (token,))[0], True,
             "the lease taken under 0.2.0 is released with its token")
     mid.close()
+    fresh.close()
+
+
+def from_030(tap, admin, claims, before):
+    """The 0.3.0 database, its claims in force, on the new module and then
+    updated to the current version."""
+    last = connect(dbname=LAST_DB)
+    # Before the update, 0.3.0's SQL runs on the new module.
+    execute(last, "BEGIN")
+    execute(last, "SELECT throttle.schedule('legacy', k, now(), group_key => g)"
+                  " FROM (VALUES ('l1', 'g'), ('l2', NULL)) AS v(k, g)")
+    tap.is_(one(last, "SELECT (SELECT count(*) FROM throttle.claim_group('legacy', 'w', '1 minute')),"
+                      " (SELECT count(*) FROM throttle.claim('legacy', 'w', '1 minute'))"),
+            (1, 1), "before the update, 0.3.0's claim and claim_group work on the new module")
+    execute(last, "ROLLBACK")
+    execute(last, "ALTER EXTENSION pg_throttle UPDATE")
+    tap.is_(one(last, "SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle'")[0],
+            one(admin, "SELECT default_version FROM pg_available_extensions WHERE name = 'pg_throttle'")[0],
+            "from 0.3.0, ALTER EXTENSION pg_throttle UPDATE reaches the current version")
+    with last.cursor() as cur:
+        cur.execute(STATES_UPDATED)
+        tap.is_(cur.fetchall(), before, "from 0.3.0, every event is as it was")
+    fresh = connect(dbname=LAST_FRESH_DB)
+    execute(fresh, "CREATE EXTENSION pg_throttle")
+    same, count, difference = catalog_difference(last, fresh)
+    tap.ok(same, f"from 0.3.0, the updated database has exactly the objects of a fresh install ({count})",
+           difference)
+    # The claims made under 0.3.0 still hold: nobody else gets their events,
+    # and their workers end them with their tokens.
+    tap.is_(one(last, "SELECT (SELECT count(*) FROM throttle.claim('mail', 'other', '1 minute')),"
+                      " (SELECT count(*) FROM throttle.claim_group('orders', 'other', '1 minute')),"
+                      " (SELECT count(*) FROM throttle.claim_group('strict', 'other', '1 minute'))"),
+            (0, 0, 0), "from 0.3.0, the claims in force at the update are nobody else's")
+    ids, token = claims["strict"]
+    tap.is_(one(last, "SELECT throttle.complete(%s, %s)", (ids[:1], token))[0], 1,
+            "the strict group's claim completes its first event with its token")
+    tap.is_(one(last, "SELECT throttle.fail(%s, %s, 'later')", (ids[1:], token))[0], 1,
+            "and fails the second")
+    ended = [one(last, "SELECT throttle.complete(%s, %s)", claims[name])[0] for name in ("held", "group")]
+    tap.is_(ended, [1, 2], "the ungrouped and the group claim complete with their tokens")
+    tap.is_(one(last, "SELECT count(*) FROM throttle.all_events WHERE state = 'done'")[0], 5,
+            "from 0.3.0, nothing is lost: the done events are the one before and the four since")
+    last.close()
     fresh.close()
 
 

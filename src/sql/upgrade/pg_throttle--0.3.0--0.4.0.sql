@@ -1,0 +1,333 @@
+-- pg_throttle 0.3.0 -> 0.4.0 (ALTER EXTENSION pg_throttle UPDATE).
+\echo Use "ALTER EXTENSION pg_throttle UPDATE" to load this file. \quit
+
+-- No table changes: a 0.3.0 dump restores into 0.4.0 as it is.
+
+-- Ending another worker's claims takes the claims that never ran their
+-- event (a strict group's later events), which give their attempt back; an
+-- event whose attempts an ended claim used up is dead, not pending. A new
+-- argument: the old function is dropped (only the extension's functions call
+-- it).
+DROP FUNCTION throttle._fence_claims(bigint[], timestamptz);
+CREATE FUNCTION throttle._fence_claims(ids bigint[], now timestamptz, uncharged bigint[] DEFAULT '{}')
+RETURNS SETOF throttle.event
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    fenced throttle.event[];
+    violated text;
+BEGIN
+    IF cardinality(ids) = 0 THEN
+        RETURN;  -- (a plan for no ids may read a whole index)
+    END IF;
+    -- The rows are collected inside the block and returned after it: rows
+    -- that RETURN QUERY had emitted would stay in the result when a unique
+    -- violation rolls the block back.
+    FOR attempt IN 1 .. 3 LOOP
+        BEGIN
+            -- Each event is found by id and tested on its own row, in one
+            -- snapshot: no statement joins the events to a list of them,
+            -- which a generic plan that expects ten ids runs as a nested
+            -- loop (seconds for a claim of 5 000). The attempts first, as
+            -- the claims counted them; an expired one ended with its lease.
+            INSERT INTO throttle.event_attempt (event_id, attempt, claimed_at, claimed_by,
+                                                claimed_role, ended_at, outcome)
+            SELECT e.id, e.attempts, e.claimed_at, e.claimed_by, e.claimed_role,
+                   CASE WHEN e.lease_until <= now THEN e.lease_until ELSE now END,
+                   CASE WHEN e.lease_until <= now THEN 'expired' ELSE 'released' END
+            FROM throttle.event e
+            WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED'
+            ORDER BY e.id;
+            IF cardinality(uncharged) > 0 THEN  -- (the set operation hashes both lists)
+                UPDATE throttle.event e SET attempts = greatest(e.attempts - 1, 0)
+                WHERE e.id = ANY (ARRAY(SELECT unnest(ids) INTERSECT SELECT unnest(uncharged)))
+                  AND upper(e.state) = 'CLAIMED';
+            END IF;
+            -- Superseded (a newer pending run of its item_key, looked up per
+            -- row): cancelled into the history; the others go back to
+            -- pending, or die with their last attempt, expired ones apart,
+            -- so that each part knows the lease it ends.
+            WITH gone AS (
+                DELETE FROM throttle.event e
+                WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED'
+                  AND EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
+                              WHERE u.queue = e.queue AND u.item_key = e.item_key
+                                AND u.state = 'pending' OFFSET 0)
+                RETURNING e.*),
+            superseded AS (
+                SELECT g.id, g.queue, g.item_key, g.group_key, g.payload, g.run_at,
+                       'cancelled'::text AS state, g.attempts, g.max_attempts, g.enqueued_at,
+                       g.enqueued_by, g.claimed_at, g.claimed_by, NULL::bigint AS claim_token,
+                       NULL::timestamptz AS lease_until, g.completed_at, g.completed_by,
+                       now AS cancelled_at, g.last_error, g.claimed_role, g.priority,
+                       CASE WHEN g.lease_until <= now THEN g.lease_until ELSE g.failed_at END
+                           AS failed_at,
+                       g.cancelled_by, g.concurrency_key
+                FROM gone g),
+            moved AS (
+                INSERT INTO throttle.event_history
+                SELECT h.id, h.queue, h.item_key, h.group_key, h.payload, h.run_at, h.state,
+                       h.attempts, h.max_attempts, h.enqueued_at, h.enqueued_by, h.claimed_at,
+                       h.claimed_by, h.claim_token, h.lease_until, h.completed_at,
+                       h.completed_by, h.cancelled_at, h.last_error, h.claimed_role,
+                       h.priority, h.failed_at, h.cancelled_by, h.concurrency_key
+                FROM superseded h),
+            expired AS (
+                UPDATE throttle.event e
+                SET state = CASE WHEN e.attempts < e.max_attempts THEN 'pending' ELSE 'dead' END,
+                    completed_at = CASE WHEN e.attempts < e.max_attempts THEN e.completed_at
+                                        ELSE now END,
+                    completed_by = CASE WHEN e.attempts < e.max_attempts THEN e.completed_by
+                                        ELSE e.claimed_by END,
+                    last_error = CASE WHEN e.attempts < e.max_attempts THEN e.last_error
+                                      ELSE coalesce(e.last_error,
+                                                    'lease expired ' || e.attempts || ' times') END,
+                    failed_at = e.lease_until, lease_until = NULL, claim_token = NULL
+                WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED' AND e.lease_until <= now
+                  AND NOT EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
+                                  WHERE u.queue = e.queue AND u.item_key = e.item_key
+                                    AND u.state = 'pending' OFFSET 0)
+                RETURNING e.*),
+            released AS (
+                UPDATE throttle.event e
+                SET state = CASE WHEN e.attempts < e.max_attempts THEN 'pending' ELSE 'dead' END,
+                    completed_at = CASE WHEN e.attempts < e.max_attempts THEN e.completed_at
+                                        ELSE now END,
+                    completed_by = CASE WHEN e.attempts < e.max_attempts THEN e.completed_by
+                                        ELSE e.claimed_by END,
+                    last_error = CASE WHEN e.attempts < e.max_attempts THEN e.last_error
+                                      ELSE coalesce(e.last_error,
+                                                    'released on its last attempt') END,
+                    lease_until = NULL, claim_token = NULL
+                WHERE e.id = ANY (ids) AND upper(e.state) = 'CLAIMED'
+                  AND (e.lease_until <= now) IS NOT TRUE
+                  AND NOT EXISTS (SELECT 1 FROM throttle.event u  -- event_pending_key
+                                  WHERE u.queue = e.queue AND u.item_key = e.item_key
+                                    AND u.state = 'pending' OFFSET 0)
+                RETURNING e.*),
+            f AS (
+                SELECT ROW(h.*)::throttle.event AS fenced FROM superseded h
+                UNION ALL
+                SELECT ROW(x.*)::throttle.event FROM expired x
+                UNION ALL
+                SELECT ROW(r.*)::throttle.event FROM released r)
+            SELECT array_agg(f.fenced ORDER BY (f.fenced).id) INTO fenced FROM f;
+            EXIT;
+        EXCEPTION WHEN unique_violation THEN
+            GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
+            IF NOT throttle._newer_run_committed(violated) OR attempt = 3 THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+    RETURN QUERY SELECT * FROM unnest(fenced);
+END
+$$;
+
+COMMENT ON FUNCTION throttle._fence_claims(bigint[], timestamptz, bigint[]) IS
+    'Internal: ends claims for someone else than their worker: pending again, without a token (cancelled when a newer run of their item_key is pending). Records each attempt in throttle.event_attempt: expired when its lease had ended, else released. The claims in uncharged never ran their event and give its attempt back; the others keep it, and an event whose attempts are then used up is dead, not pending.';
+
+-- A pending event that replace or keep_earlier updates is a new run, with
+-- attempts of its own.
+CREATE OR REPLACE FUNCTION throttle.schedule_many(queue text, item_keys text[], run_at timestamptz[],
+                                       payloads jsonb[] DEFAULT NULL, group_keys text[] DEFAULT NULL,
+                                       max_attempts integer DEFAULT 5, priority integer DEFAULT 0,
+                                       on_duplicate text DEFAULT 'replace',
+                                       concurrency_keys text[] DEFAULT NULL)
+RETURNS bigint[]
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    now timestamptz := throttle.now();
+    caller text := throttle._caller();
+    n integer := cardinality(item_keys);
+    problem text;
+    ids bigint[];
+    due bigint[];
+BEGIN
+    PERFORM throttle._require(queue, 'queue'), throttle._require(item_keys, 'item_keys'),
+            throttle._require(run_at, 'run_at'), throttle._require(max_attempts, 'max_attempts'),
+            throttle._require(priority, 'priority'), throttle._require(on_duplicate, 'on_duplicate');
+    PERFORM throttle._check_schedule(queue, max_attempts, on_duplicate);
+    IF coalesce(array_ndims(item_keys), 1) <> 1 OR coalesce(array_ndims(run_at), 1) <> 1
+       OR coalesce(array_ndims(payloads), 1) <> 1 OR coalesce(array_ndims(group_keys), 1) <> 1
+       OR coalesce(array_ndims(concurrency_keys), 1) <> 1 THEN
+        RAISE EXCEPTION 'item_keys, run_at, payloads, group_keys and concurrency_keys must be one-dimensional arrays'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF cardinality(run_at) <> n OR cardinality(payloads) <> n OR cardinality(group_keys) <> n
+       OR cardinality(concurrency_keys) <> n THEN
+        RAISE EXCEPTION 'run_at, payloads, group_keys and concurrency_keys must have one element per item_key'
+              USING ERRCODE = 'invalid_parameter_value',
+                    DETAIL = format('%s item_keys, %s run_at, %s payloads, %s group_keys, %s concurrency_keys',
+                                    n, cardinality(run_at), coalesce(cardinality(payloads)::text, 'no'),
+                                    coalesce(cardinality(group_keys)::text, 'no'),
+                                    coalesce(cardinality(concurrency_keys)::text, 'no'));
+    END IF;
+    IF n = 0 THEN
+        RETURN '{}';
+    END IF;
+    -- Every element checked as schedule checks its arguments; the first
+    -- problem, in the order of item_keys, is the error.
+    SELECT CASE WHEN b.k IS NULL THEN 'item_keys[' || b.ord || '] must not be NULL'
+                WHEN b.r IS NULL THEN 'run_at[' || b.ord || '] must not be NULL'
+                WHEN b.p IS NULL AND payloads IS NOT NULL THEN 'payloads[' || b.ord || '] must not be NULL'
+                WHEN b.k = '' THEN 'item_keys[' || b.ord || '] must not be empty'
+                WHEN octet_length(b.k) > 1024 THEN 'item_keys[' || b.ord || '] must have at most 1024 bytes'
+                WHEN octet_length(b.g) > 1024 THEN 'group_keys[' || b.ord || '] must have at most 1024 bytes'
+                WHEN octet_length(b.c) > 1024 THEN 'concurrency_keys[' || b.ord || '] must have at most 1024 bytes'
+                WHEN b.c = '' THEN 'concurrency_keys[' || b.ord || '] must not be empty'
+                ELSE 'item_keys[' || b.ord || ']: an event has a group_key or a concurrency_key, not both' END
+    INTO problem
+    FROM unnest(item_keys, run_at, payloads, group_keys, concurrency_keys) WITH ORDINALITY
+         AS b(k, r, p, g, c, ord)
+    WHERE b.k IS NULL OR b.r IS NULL OR (b.p IS NULL AND payloads IS NOT NULL) OR b.k = ''
+       OR octet_length(b.k) > 1024 OR octet_length(b.g) > 1024 OR octet_length(b.c) > 1024
+       OR b.c = '' OR (b.c IS NOT NULL AND b.g IS NOT NULL)
+    ORDER BY b.ord LIMIT 1;
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', problem
+              USING ERRCODE = CASE WHEN problem LIKE '%NULL' THEN 'null_value_not_allowed'
+                                   ELSE 'invalid_parameter_value' END;
+    END IF;
+    -- The keys tried first as new events (the common case): a plain INSERT
+    -- costs less than ON CONFLICT's speculative one, and less than looking
+    -- the keys up first. When one of them has a pending event, or is named
+    -- twice, it raises unique_violation, and the general statement below runs.
+    -- Ids are drawn in the order of item_keys, as calls of schedule one after
+    -- the other would draw them (a group kept in strict order runs in id
+    -- order); rows go in in bytewise item_key order (see below).
+    BEGIN
+        WITH batch AS (
+            SELECT b.k AS item_key, b.r AS run_at, coalesce(b.p, '{}') AS payload, b.g AS group_key,
+                   b.c AS concurrency_key, b.ord
+            FROM unnest(item_keys, run_at, payloads, group_keys, concurrency_keys) WITH ORDINALITY
+                 AS b(k, r, p, g, c, ord)),
+        numbered AS (
+            SELECT o.*, nextval('throttle.event_id_seq') AS id
+            FROM (SELECT * FROM batch ORDER BY batch.ord OFFSET 0) AS o),
+        scheduled AS (
+            INSERT INTO throttle.event AS e (id, queue, item_key, group_key, payload, run_at,
+                                             max_attempts, enqueued_at, enqueued_by, priority,
+                                             concurrency_key)
+            OVERRIDING SYSTEM VALUE
+            SELECT b.id, queue, b.item_key, b.group_key, b.payload, b.run_at, max_attempts, now,
+                   caller, priority, b.concurrency_key
+            FROM numbered b ORDER BY b.item_key COLLATE "C"
+            RETURNING e.id, e.item_key, e.run_at)
+        SELECT (SELECT array_agg(s.id ORDER BY b.ord) FROM batch b JOIN scheduled s USING (item_key)),
+               (SELECT array_agg(s.id ORDER BY s.id) FROM scheduled s WHERE s.run_at <= now)
+        INTO ids, due;
+        PERFORM pg_notify(queue, d::text) FROM unnest(due) AS d;
+        RETURN ids;
+    EXCEPTION WHEN unique_violation THEN
+        NULL;  -- an item_key with a pending event, or named twice
+    END;
+    -- An item_key named more than once ends as its calls one after the
+    -- other would leave it: the first call's group_key and concurrency_key; the last call's
+    -- payload and run_at (replace), the last payload and the earliest run_at
+    -- (keep_earlier), or the first call's (ignore). Rows go in in one order
+    -- of item_key (bytewise), in both statements, so that two batches never
+    -- wait for each other in a circle. A pending event that replace or
+    -- keep_earlier updates is a new run, with attempts of its own (0).
+    WITH batch AS (
+        SELECT b.k AS item_key, b.r AS run_at, coalesce(b.p, '{}') AS payload, b.g AS group_key,
+               b.c AS concurrency_key, b.ord
+        FROM unnest(item_keys, run_at, payloads, group_keys, concurrency_keys) WITH ORDINALITY
+             AS b(k, r, p, g, c, ord)),
+    folded AS (
+        SELECT b.item_key,
+               (array_agg(b.group_key ORDER BY b.ord))[1] AS group_key,
+               (array_agg(b.concurrency_key ORDER BY b.ord))[1] AS concurrency_key,
+               CASE on_duplicate
+                   WHEN 'replace' THEN (array_agg(b.run_at ORDER BY b.ord DESC))[1]
+                   WHEN 'keep_earlier' THEN min(b.run_at)
+                   ELSE (array_agg(b.run_at ORDER BY b.ord))[1] END AS run_at,
+               (array_agg(b.payload ORDER BY b.ord * CASE WHEN on_duplicate = 'ignore' THEN 1 ELSE -1 END))[1]
+                   AS payload,
+               min(b.ord) AS first
+        FROM batch b GROUP BY b.item_key),
+    numbered AS (  -- a new event's id, drawn in the order of first mention
+        SELECT o.*, nextval('throttle.event_id_seq') AS id
+        FROM (SELECT * FROM folded ORDER BY folded.first OFFSET 0) AS o),
+    scheduled AS (
+        INSERT INTO throttle.event AS e (id, queue, item_key, group_key, payload, run_at,
+                                         max_attempts, enqueued_at, enqueued_by, priority,
+                                         concurrency_key)
+        OVERRIDING SYSTEM VALUE
+        SELECT f.id, queue, f.item_key, f.group_key, f.payload, f.run_at, max_attempts, now, caller,
+               priority, f.concurrency_key
+        FROM numbered f ORDER BY f.item_key COLLATE "C"
+        ON CONFLICT (queue, item_key) WHERE state = 'pending'
+        DO UPDATE SET run_at = CASE on_duplicate WHEN 'replace' THEN excluded.run_at
+                                                  WHEN 'keep_earlier' THEN least(e.run_at, excluded.run_at)
+                                                  ELSE e.run_at END,
+                      payload = CASE WHEN on_duplicate = 'ignore' THEN e.payload ELSE excluded.payload END,
+                      priority = CASE WHEN on_duplicate = 'ignore' THEN e.priority ELSE excluded.priority END,
+                      attempts = CASE WHEN on_duplicate = 'ignore' THEN e.attempts ELSE 0 END
+        RETURNING e.id, e.item_key, e.run_at)
+    SELECT (SELECT array_agg(s.id ORDER BY b.ord) FROM batch b JOIN scheduled s USING (item_key)),
+           (SELECT array_agg(s.id ORDER BY s.id) FROM scheduled s WHERE s.run_at <= now)
+    INTO ids, due;
+    PERFORM pg_notify(queue, d::text) FROM unnest(due) AS d;
+    RETURN ids;
+END
+$$;
+
+COMMENT ON FUNCTION throttle.schedule_many(text, text[], timestamptz[], jsonb[], text[], integer, integer, text, text[]) IS
+    'Schedules a batch of events of one queue in one statement: item_keys[i] at run_at[i] with payloads[i], group_keys[i] and concurrency_keys[i] (the arrays have one element per item_key; payloads, group_keys and concurrency_keys may be NULL for none), as if throttle.schedule ran for each in turn (a pending event that replace or keep_earlier updates starts again at 0 attempts); returns their ids in the order of item_keys (an item_key named twice gets one event, and its id twice). NOTIFYs the queue''s channel with each event that is due.';
+
+COMMENT ON FUNCTION throttle.schedule(text, text, timestamptz, jsonb, text, integer, integer, text, text) IS
+    'Schedules an event, or, when item_key names a pending event of the queue, updates it as on_duplicate says (replace: run_at, payload and priority; keep_earlier: the same but the earlier run_at; ignore: nothing; its group_key, concurrency_key and max_attempts stay); returns its id. A pending event that replace or keep_earlier updates is a new run: its attempts start again at 0, whatever its earlier claims used. When the event of item_key is claimed it is left alone and a new event is scheduled, which no worker gets before the claimed one ends. NOTIFYs the channel named after the queue when the event is due.';
+
+-- In a strict group only the first event of each claim ran; a claim that
+-- was an event's last attempt leaves it dead.
+CREATE OR REPLACE FUNCTION throttle.release_group(queue text, group_key text)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    ended throttle.event[];
+    held bigint[];
+    uncharged bigint[] := '{}';
+BEGIN
+    PERFORM throttle._require(queue, 'queue'), throttle._require(group_key, 'group_key');
+    held := ARRAY(SELECT x.id FROM throttle.event x  -- in id order, as complete, fail and extend lock
+                  WHERE x.queue = release_group.queue AND x.group_key = release_group.group_key
+                    AND x.group_key IS NOT NULL AND x.state = 'claimed'
+                  ORDER BY x.id
+                  FOR UPDATE);
+    -- In a group kept in strict order each claim ran its first event only:
+    -- the later ones waited behind it, and get their attempt back.
+    IF EXISTS (SELECT 1 FROM throttle.group_policy p
+               WHERE p.queue = release_group.queue AND p.strict_order) THEN
+        uncharged := ARRAY(SELECT c.id
+                           FROM (SELECT x.id, min(x.id) OVER (PARTITION BY x.claim_token) AS first
+                                 FROM throttle.event x
+                                 WHERE x.id = ANY (held) AND upper(x.state) = 'CLAIMED') AS c
+                           WHERE c.id > c.first);
+    END IF;
+    SELECT array_agg(f) INTO ended FROM throttle._fence_claims(held, throttle.now(), uncharged) AS f;
+    -- Until this commits the rows still say claimed, which keeps the group
+    -- from every other worker.
+    PERFORM throttle._group_reset(queue, group_key);
+    -- The group's due events, and newer runs elsewhere of those it cancelled.
+    PERFORM pg_notify(queue, x.id::text) FROM throttle.event x
+    WHERE x.queue = release_group.queue AND x.group_key = release_group.group_key
+      AND x.group_key IS NOT NULL AND x.state = 'pending' AND x.run_at <= throttle.now();
+    PERFORM throttle._notify_successors(ended);
+    RETURN coalesce(cardinality(ended), 0);
+END
+$$;
+
+COMMENT ON FUNCTION throttle.release_group(text, text) IS
+    'Ends the claim on a group of a queue, whoever holds it: its claimed events are pending again (due, their attempts kept; dead when the claim was their last attempt) and the holder is fenced. In a group kept in strict order only the first event of each claim ran: the later ones get their attempt back. Returns how many claimed events it ended. For operators.';
+
+-- An expired claim of the other claimer's kind no longer holds back a newer
+-- run of its item_key.
+COMMENT ON FUNCTION throttle.claim(text, text, interval, integer) IS
+    'Claims up to max due events without a group_key for worker until lease: claims whose lease expired, then pending events with run_at <= now, higher priority first, then oldest first; never waits for rows another worker is claiming. The events carry the claim''s claim_token, which complete, fail and extend need. Grouped events are claimed with throttle.claim_group; an expired claim of claim_group whose item_key has a due run without a group_key is ended first (cancelled, superseded by that run).';
+
+COMMENT ON FUNCTION throttle.claim_group(text, text, interval, integer) IS
+    'Claims the due events of one group of the queue (every one, or the oldest max) for worker until lease. While the lease holds no other worker gets any event of that group, including events that become due meanwhile; a queue in throttle.group_policy lets that many claims hold a group at once, each with events no other holds, or keeps a group''s events in strict order. An expired claim of throttle.claim whose item_key has a due grouped run is ended first (cancelled, superseded by that run). Returns no rows when no group is free.';
+
