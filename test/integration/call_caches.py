@@ -15,12 +15,14 @@ which path a call took.
 """
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from pgconn import connect, one as row, sql_error  # noqa: E402
 from tap import Tap  # noqa: E402
 
 t = Tap(14)
+RUN = str(time.time_ns())  # names of this run's own: the registry outlives a run
 a = connect()
 b = connect()
 
@@ -31,7 +33,7 @@ def one(conn, sql, params=None):
     return found[0] if found is not None and len(found) == 1 else found
 
 
-ACQUIRE = "SELECT throttle.acquire('call-caches', '1 microsecond')"
+ACQUIRE = f"SELECT throttle.acquire('call-caches-{RUN}', '1 microsecond')"
 
 
 def path_of(conn):
@@ -57,29 +59,30 @@ a.autocommit = True
 t.is_(path_of(a), "local", "rolled back: local again")
 t.is_(path_of(a), "local", "and on the call after it")
 
-TAKE = "SELECT allowed, remaining FROM throttle.take('call-caches', 5, '1 hour', 5, %s)"
+TAKE = f"SELECT allowed, remaining FROM throttle.take('call-caches-{RUN}', 5, '1 hour', 5, %s)"
 t.is_(one(a, TAKE, (2,)), (True, 3), "take answers with its columns")
 a.cursor().execute("INSERT INTO throttle.bucket (name, rate, per, burst) "
-                   "VALUES ('call-caches-declared', 4, '1 hour', 4)")
-t.is_(one(a, "SELECT allowed, remaining FROM throttle.take('call-caches-declared', 1)"),
+                   f"VALUES ('call-caches-declared-{RUN}', 4, '1 hour', 4)")
+t.is_(one(a, f"SELECT allowed, remaining FROM throttle.take('call-caches-declared-{RUN}', 1)"),
       (True, 3), "the declared take beside it")
 a.cursor().execute("DROP EXTENSION pg_throttle")
 a.cursor().execute("CREATE EXTENSION pg_throttle")
 t.is_(one(a, "SELECT allowed, remaining, retry_after, reset_after "
-             "FROM throttle.take('call-caches-new', 5, '1 hour', 5, 1)"),
+             f"FROM throttle.take('call-caches-new-{RUN}', 5, '1 hour', 5, 1)"),
       (True, 4, one(a, "SELECT interval '0'"), one(a, "SELECT interval '12 minutes'")),
       "the extension dropped and created again: take of the new function answers whole")
 
-NAMES = ["cc", "cc-a", "cc-ab", "cc-b"]
+NAMES = [f"cc-{RUN}", f"cc-{RUN}-a", f"cc-{RUN}-ab", f"cc-{RUN}-b"]
 for name in NAMES:
     one(a, "SELECT throttle.lock(%s)", (name,))
-token = one(b, "SELECT token FROM throttle.locks WHERE name = 'cc-a'")
-t.ok(one(a, "SELECT throttle.unlock('cc-a', %s)", (token,)),
+token = one(b, "SELECT token FROM throttle.locks WHERE name = %s", (NAMES[1],))
+t.ok(one(a, "SELECT throttle.unlock(%s, %s)", (NAMES[1], token)),
      "four session locks of names sharing their first bytes; one unlocked")
-t.ok(one(b, "SELECT throttle.lock('cc-a') IS NOT NULL"), "another session takes the unlocked name")
+t.ok(one(b, "SELECT throttle.lock(%s) IS NOT NULL", (NAMES[1],)), "another session takes the unlocked name")
 a.cursor().execute("DISCARD ALL")
-t.is_(one(b, "SELECT count(*) FROM throttle.locks WHERE name IN ('cc', 'cc-ab', 'cc-b')"), 0,
+t.is_(one(b, "SELECT count(*) FROM throttle.locks WHERE name = ANY (%s)",
+          ([NAMES[0], NAMES[2], NAMES[3]],)), 0,
       "DISCARD ALL releases the three the session held")
-t.is_(one(b, "SELECT holder_pid = pg_backend_pid() FROM throttle.locks WHERE name = 'cc-a'"),
+t.is_(one(b, "SELECT holder_pid = pg_backend_pid() FROM throttle.locks WHERE name = %s", (NAMES[1],)),
       True, "and leaves the name another session took since")
 t.done()

@@ -29,27 +29,21 @@ core::Micros now_for(const RegistryKey& key) {
 
 bool exit_callback_registered = false;
 
-// The session locks this backend took or queued for, in its own memory: at
-// exit it releases those it still holds, without scanning the registry.
-HTAB* session_lock_keys = nullptr;
+// How many session locks this backend may hold: counted up when it takes or
+// queues for one, down when it releases one. At exit and at DISCARD ALL it
+// looks for its session locks in the registry only when the count is above
+// zero, so the calls pay one increment, not a look-up in a table of keys.
+// The count errs only upwards (a session lock taken again, a wait ended by
+// an error), which costs a needless look at exit, never a lock left held.
+uint64 session_locks_maybe_held = 0;
 
-void remember_session_lock(const RegistryKey& key) {
-    if (session_lock_keys == nullptr) {
-        HASHCTL info{};
-        info.keysize = sizeof(RegistryKey);
-        info.entrysize = sizeof(RegistryKey);
-        info.hash = registry_key_hash;
-        info.match = registry_key_compare;
-        info.hcxt = TopMemoryContext;
-        session_lock_keys = hash_create("pg_throttle session locks", 16, &info,
-                                        HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
-    }
-    (void)hash_search(session_lock_keys, &key, HASH_ENTER, nullptr);
+void remember_session_lock() {
+    ++session_locks_maybe_held;
 }
 
-void forget_session_lock(const RegistryKey& key) {
-    if (session_lock_keys != nullptr) {
-        (void)hash_search(session_lock_keys, &key, HASH_REMOVE, nullptr);
+void forget_session_lock() {
+    if (session_locks_maybe_held > 0) {
+        --session_locks_maybe_held;
     }
 }
 
@@ -466,15 +460,43 @@ void release_if_own_session_lock(RegistryEntry* entry, void* ctx) {
     }
 }
 
+// The names of this backend's session locks, gathered by registry_scan
+// (which visits copies, outside the partitions' locks).
+struct OwnSessionLocks {
+    RegistryKey* keys;
+    int count;
+    int capacity;
+};
+
+void gather_own_session_lock(const RegistryEntry& entry, void* ctx) {
+    if (static_cast<EntryKind>(entry.key.kind) != EntryKind::kLock || entry.of.lock.token == 0 ||
+        entry.expires_at != core::kNever || !own_session_lock(entry)) {
+        return;
+    }
+    auto* own = static_cast<OwnSessionLocks*>(ctx);
+    if (own->count == own->capacity) {
+        own->capacity = own->capacity == 0 ? 8 : own->capacity * 2;
+        const size_t size = sizeof(RegistryKey) * static_cast<size_t>(own->capacity);
+        own->keys = static_cast<RegistryKey*>(own->keys == nullptr ? palloc(size)
+                                                                   : repalloc(own->keys, size));
+    }
+    own->keys[own->count++] = entry.key;
+}
+
 // Releases the session locks this session holds; a waiter gets each.
 void release_own_session_locks(core::Micros* now) {
-    if (session_lock_keys != nullptr) {
-        HASH_SEQ_STATUS scan;
-        hash_seq_init(&scan, session_lock_keys);
-        while (const auto* key = static_cast<const RegistryKey*>(hash_seq_search(&scan))) {
-            registry_update_existing(*key, release_if_own_session_lock, now);
-        }
+    if (session_locks_maybe_held == 0) {
+        return;
     }
+    OwnSessionLocks own{nullptr, 0, 0};
+    registry_scan(*now, gather_own_session_lock, &own);
+    for (int i = 0; i < own.count; ++i) {
+        registry_update_existing(own.keys[i], release_if_own_session_lock, now);
+    }
+    if (own.keys != nullptr) {
+        pfree(own.keys);
+    }
+    session_locks_maybe_held = 0;
 }
 
 void release_at_exit(int /*code*/, Datum /*arg*/) {
@@ -536,7 +558,7 @@ int64 lock_take(const RegistryKey& key, int64 ttl, core::Micros wait_us, const H
     waiter_slot_check();  // release_at_exit and a wait both use this backend's slot
     register_exit_callback();
     if (ttl == 0) {
-        remember_session_lock(key);  // before it can be granted, even while waiting
+        remember_session_lock();  // before it can be granted, even while waiting
     }
     const Oid role = registry_caller_role(static_cast<EntryKind>(key.kind));
     // Before queueing: naming the wait event can raise an error.
@@ -562,7 +584,7 @@ int64 lock_take(const RegistryKey& key, int64 ttl, core::Micros wait_us, const H
         }
     }
     if (token == 0 && ttl == 0 && !call.already_mine) {
-        forget_session_lock(key);  // not had: nothing to release at exit
+        forget_session_lock();  // not had: nothing to release at exit
     }
     if (token != 0 && ttl > 0 && static_cast<EntryKind>(key.kind) == EntryKind::kLock) {
         make_grant_durable(key, token, record);
@@ -579,7 +601,7 @@ bool lock_release(const RegistryKey& key, int64 token) {
         write_release(call.record, true);
     }
     if (call.done && call.is_session_lock) {
-        forget_session_lock(key);
+        forget_session_lock();
     }
     return call.done;
 }
@@ -643,10 +665,6 @@ bool lock_reset(const RegistryKey& key) {
 void lock_release_session_locks() {
     core::Micros now = real_now();
     release_own_session_locks(&now);
-    if (session_lock_keys != nullptr) {
-        hash_destroy(session_lock_keys);
-        session_lock_keys = nullptr;
-    }
 }
 
 }  // namespace pg_throttle::pg
