@@ -96,6 +96,11 @@ soak:
 bench:
 	bash bench/run.sh
 
+# The hot paths against SELECT 1, alone (bench/hot-paths.sh, part of make bench).
+.PHONY: bench-hot
+bench-hot:
+	bash bench/run.sh --only hot-paths
+
 # What bounds a claim, alone (bench/queue-bound.sh, part of make bench).
 bench-bound:
 	bash bench/run.sh --only queue-bound
