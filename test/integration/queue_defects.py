@@ -14,7 +14,9 @@ and held transactions (never with luck):
 - claims are owned by their claimer: complete, fail and extend act through
   the claim's token, with the claim's role; two processes with one worker
   name are two claims, and another role neither sees a claim's token nor
-  completes the claim with it.
+  completes the claim with it;
+- a transaction that claims or extends commits durably even when the call
+  was made in a function whose SET clause turns synchronous_commit off.
 """
 import datetime
 import os
@@ -102,6 +104,98 @@ def heard(listener, wait=5):
     return payloads
 
 
+def commit_waits_for_standby(session, watcher):
+    """Commits session's transaction in a thread; whether the commit is seen
+    waiting for a synchronous standby (wait_event SyncRep) within 10 s. The
+    wait is then cancelled: PostgreSQL keeps the commit, with a WARNING."""
+    pid = session.get_backend_pid()
+    out = {}
+
+    def run():
+        try:
+            session.commit()
+        except Exception as e:  # noqa: BLE001 - reported by the caller's checks
+            out["error"] = str(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    waited = False
+    deadline = time.monotonic() + 10
+    while thread.is_alive() and time.monotonic() < deadline:
+        if one(watcher, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event = 'SyncRep'",
+               (pid,))[0]:
+            waited = True
+            break
+        time.sleep(0.02)
+    if thread.is_alive():
+        one(watcher, "SELECT pg_cancel_backend(%s)", (pid,))
+    thread.join(timeout=30)
+    return waited and "error" not in out
+
+
+def durable_in_function(tap, admin):
+    """A claim (claim, claim_group) or an extend made inside a function
+    whose SET clause says synchronous_commit = off, in a session whose own
+    setting is off too: the function's SET restores the session's off when
+    it returns, before the commit, so a setting the claim made during the
+    call is gone by then. The commit must still be durable.
+
+    Deterministic: a synchronous standby that never comes
+    (synchronous_standby_names names none that exists) makes every commit
+    with synchronous_commit above local wait for it (wait_event SyncRep),
+    and an asynchronous commit returns at once. A claim made directly is
+    the control: it waits (and shows the setting is in force). Then each
+    wrapped call must wait as well; with the raise made during the call
+    only, their commits were asynchronous and returned at once. A
+    transaction that claims nothing keeps the session's setting."""
+    cur = admin.cursor()
+    fresh(cur, "d.durable")
+    cur.execute("SELECT throttle.schedule('d.durable', 'k' || g, now()) FROM generate_series(1, 8) g")
+    cur.execute("SELECT throttle.schedule('d.durable', 'g' || g, now(), group_key => 'g') "
+                "FROM generate_series(1, 2) g")
+    held = one(admin, "SELECT array_agg(id), min(claim_token) FROM throttle.claim('d.durable', 'wx', '1 hour')")
+    for name, call in (("claim", "SELECT count(*) FROM throttle.claim('d.durable', 'w', '1 hour')"),
+                       ("claim_group", "SELECT count(*) FROM throttle.claim_group('d.durable', 'w', '1 hour')"),
+                       ("extend", "SELECT throttle.extend(ids, token, '2 hours')")):
+        cur.execute(f"CREATE OR REPLACE FUNCTION public.queue_defects_{name}(ids bigint[], token bigint) "
+                    "RETURNS bigint LANGUAGE plpgsql SET synchronous_commit = off AS $$"
+                    f" DECLARE n bigint; BEGIN {call} INTO n; RETURN n; END $$")
+    session = connect(autocommit=False)
+    execute(session, "SET synchronous_commit = off")
+    session.commit()
+    watcher = connect()
+    execute(admin, "SET synchronous_commit = local")  # the suite's own commits do not wait
+    cur.execute("ALTER SYSTEM SET synchronous_standby_names = 'pg_throttle_no_such_standby'")
+    one(admin, "SELECT pg_reload_conf()")
+    try:
+        time.sleep(0.5)  # the checkpointer applies it
+        control = []
+        for _ in range(5):  # until the setting is seen in force
+            control.append(one(session, "SELECT count(*) FROM throttle.claim('d.durable', 'w', '1 hour')")[0])
+            if commit_waits_for_standby(session, watcher):
+                break
+            control.append("no wait")
+        tap.ok(control[-1] == 1, "control: a claim made directly, with synchronous_commit off, commits "
+                                 "durably (waits for the synchronous standby)", repr(control))
+        for name in ("claim", "claim_group", "extend"):
+            got = one(session, f"SELECT public.queue_defects_{name}(%s, %s)", held)[0]
+            waited = commit_waits_for_standby(session, watcher)
+            tap.ok(got >= 1 and waited,
+                   f"{name} called in a function with SET synchronous_commit = off commits durably",
+                   f"it returned {got}; its commit waited for the standby: {waited}")
+        one(session, "SELECT throttle.schedule('d.durable', 'later', now() + interval '1 hour')")
+        tap.ok(not commit_waits_for_standby(session, watcher),
+               "a transaction that claims nothing keeps the session's synchronous_commit = off")
+    finally:
+        cur.execute("ALTER SYSTEM RESET synchronous_standby_names")
+        one(admin, "SELECT pg_reload_conf()")
+        execute(admin, "RESET synchronous_commit")
+        session.close()
+        watcher.close()
+        for name in ("claim", "claim_group", "extend"):
+            cur.execute(f"DROP FUNCTION public.queue_defects_{name}(bigint[], bigint)")
+
+
 def fresh(cur, queue):
     cur.execute("DELETE FROM throttle.event WHERE queue = %s", (queue,))
 
@@ -138,7 +232,7 @@ def claim_group_during(tap, admin, queue, change, what):
 
 
 def main():
-    tap = Tap(57)
+    tap = Tap(62)
     admin = connect()
     cur = admin.cursor()
 
@@ -717,6 +811,9 @@ def main():
             (1, ["cancelled", "pending"]), "fail after the newer run committed: the failed run is superseded")
     worker.close()
     producer.close()
+
+    # 58-62: durable commits through a function's SET synchronous_commit = off.
+    durable_in_function(tap, admin)
     b.close()
     admin.close()
     tap.done()
