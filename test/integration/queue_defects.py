@@ -15,6 +15,10 @@ and held transactions (never with luck):
   the claim's token, with the claim's role; two processes with one worker
   name are two claims, and another role neither sees a claim's token nor
   completes the claim with it;
+- a claim_group in a transaction left open holds row locks on the events it
+  claims and on no others: not on a group it passed over (another worker
+  gets that group, a schedule onto it does not wait), nor on the events of
+  its group beyond max;
 - a transaction that claims or extends commits durably even when the call
   was made in a function whose SET clause turns synchronous_commit off.
 """
@@ -196,6 +200,76 @@ def durable_in_function(tap, admin):
             cur.execute(f"DROP FUNCTION public.queue_defects_{name}(bigint[], bigint)")
 
 
+def open_claim_group_locks(tap, admin):
+    """A worker claims a group in a transaction it leaves open (it works on
+    the events before COMMIT). It passes over group g1, whose event a1 a
+    producer is scheduling again in a transaction of its own, and takes g2.
+    Once the producer has committed, the passed-over group must be free: a
+    schedule onto its other event a2 does not wait for the worker, and
+    another worker's claim_group gets g1. (claim_group locked a2 before it
+    found a1 busy, and a row lock lasts until the transaction ends.) The
+    same for the events of a claimed group beyond max: only the claimed one
+    is locked."""
+    cur = admin.cursor()
+    fresh(cur, "d.openskip")
+    for key, group in (("a1", "g1"), ("a2", "g1"), ("b1", "g2")):
+        cur.execute("SELECT throttle.schedule('d.openskip', %s, now(), group_key => %s)", (key, group))
+    producer = connect(autocommit=False)
+    execute(producer, "SELECT throttle.schedule('d.openskip', 'a1', now(), '{\"v\": 2}', group_key => 'g1')")
+    worker = connect(autocommit=False)
+    first = one(worker, "SELECT array_agg(item_key) FROM throttle.claim_group('d.openskip', 'w1', '5 minutes')")[0]
+    producer.commit()
+    impatient = connect(options="-c lock_timeout=2s")
+    tap.is_((first, sql_error(impatient, "SELECT throttle.schedule('d.openskip', 'a2', now(), '{\"v\": 2}', "
+                                         "group_key => 'g1')")),
+            (["b1"], None),
+            "a claim_group left open passes over a group with an event being changed and holds no lock "
+            "on its other events: a schedule onto one does not wait")
+    second = one(impatient, "SELECT array_agg(item_key ORDER BY item_key) "
+                            "FROM throttle.claim_group('d.openskip', 'w2', '5 minutes')")[0]
+    tap.is_(second, ["a1", "a2"], "and another worker's claim_group gets the group it passed over")
+    worker.commit()
+
+    fresh(cur, "d.openmax")
+    cur.execute("SELECT throttle.schedule('d.openmax', 'e' || g, now(), group_key => 'g') "
+                "FROM generate_series(1, 3) g")
+    first = one(worker, "SELECT array_agg(item_key) FROM throttle.claim_group('d.openmax', 'w1', '5 minutes', 1)")[0]
+    locked = sql_error(impatient, "SELECT count(*) FROM (SELECT 1 FROM throttle.event "
+                                  "WHERE queue = 'd.openmax' AND item_key IN ('e2', 'e3') "
+                                  "FOR UPDATE NOWAIT) AS x")
+    rescheduled = sql_error(impatient, "SELECT throttle.schedule('d.openmax', 'e3', now(), '{\"v\": 2}', "
+                                       "group_key => 'g')")
+    tap.is_((first, locked, rescheduled), (["e1"], None, None),
+            "a claim_group with max left open locks only the event it claims, not the group's others")
+    worker.commit()
+    producer.close()
+    worker.close()
+
+    # The lock runs in a subtransaction of claim_group's own: an error in it
+    # (40001: under repeatable read, an event of the group changed after the
+    # snapshot) inside the caller's exception block rolls it back before the
+    # error reaches the block, which catches it; the transaction goes on and
+    # commits, and the group is free.
+    fresh(cur, "d.openrr")
+    cur.execute("SELECT throttle.schedule('d.openrr', 'a1', now(), group_key => 'g')")
+    rr = connect(autocommit=False)
+    execute(rr, "BEGIN ISOLATION LEVEL REPEATABLE READ")
+    execute(rr, "CREATE FUNCTION pg_temp.claim_or_retry() RETURNS text LANGUAGE plpgsql AS $$"
+                " BEGIN PERFORM count(*) FROM throttle.claim_group('d.openrr', 'w1', '5 minutes');"
+                "       RETURN 'claimed';"
+                " EXCEPTION WHEN serialization_failure THEN RETURN 'serialization failure'; END $$")
+    cur.execute("SELECT throttle.reschedule('d.openrr', 'a1', now() - interval '1 second')")
+    outcome = one(rr, "SELECT pg_temp.claim_or_retry()")[0]
+    after = one(rr, "SELECT count(*) FROM throttle.event WHERE queue = 'd.openrr'")[0]
+    rr.commit()
+    taken = one(impatient, "SELECT array_agg(item_key) FROM throttle.claim_group('d.openrr', 'w2', '5 minutes')")[0]
+    tap.is_((outcome, after, taken), ("serialization failure", 1, ["a1"]),
+            "a claim_group's 40001 from its lock, caught by the caller's exception block: the transaction goes "
+            "on and commits, and the group is free")
+    rr.close()
+    impatient.close()
+
+
 def fresh(cur, queue):
     cur.execute("DELETE FROM throttle.event WHERE queue = %s", (queue,))
 
@@ -232,7 +306,7 @@ def claim_group_during(tap, admin, queue, change, what):
 
 
 def main():
-    tap = Tap(62)
+    tap = Tap(66)
     admin = connect()
     cur = admin.cursor()
 
@@ -812,7 +886,9 @@ def main():
     worker.close()
     producer.close()
 
-    # 58-62: durable commits through a function's SET synchronous_commit = off.
+    # 58-61: a claim_group left open holds no lock beyond its claim.
+    open_claim_group_locks(tap, admin)
+    # 62-66: durable commits through a function's SET synchronous_commit = off.
     durable_in_function(tap, admin)
     b.close()
     admin.close()
