@@ -39,12 +39,13 @@
 //     the units taken for them, the queue's for no more than the group's
 //     bucket had, then the group's; when they are fewer than the events
 //     locked, the lock is rolled back and taken again for as many events as
-//     units. The subtransaction is kept: the rows the claim writes stay
-//     locked, and no others. Expired claims left out are ended for their
-//     old worker;
-//  4. the events are marked claimed (mark_claimed.hpp), in a transaction
-//     whose commit is durable (durable_commit.hpp). A group whose due events
-//     all had their attempts used up is released, and the next one tried.
+//     units. Expired claims left out are ended for their old worker;
+//  4. the events are marked claimed (mark_claimed.hpp) in the same
+//     subtransaction (an UPDATE of rows another subtransaction locked would
+//     make a MultiXact per row), which is then kept: the rows the claim
+//     writes stay locked, and no others. The transaction's commit is durable
+//     (durable_commit.hpp). A group whose due events all had their attempts
+//     used up is released, and the next one tried.
 #include "pg/standby.hpp"
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
@@ -310,39 +311,44 @@ int array_length(const ArrayType* array) {
     return ArrayGetNItems(ARR_NDIM(array), ARR_DIMS(array));
 }
 
-// Step 3's subtransaction (run_in_subtransaction): what it locks and what it
-// found.
-struct GroupLock {
+// Steps 3 and 4 for one group, in a subtransaction (run_in_subtransaction):
+// what they take, and what they found. The claim writes its events in the
+// subtransaction that locked them: an UPDATE of a row that another
+// (sub)transaction of ours locked makes a MultiXact of the two, one per row.
+struct GroupTake {
     const GroupClaim* claim;
     const text* group_key;
     int slot;
+    int64 token;         // the group lease's
     ArrayType* ids;      // the events to claim, in the claim's order
     ArrayType* expired;  // the group's expired claims; nullptr: none
+    int free;            // how many events were due
     bool units_taken;    // by an earlier try: take none again
     bool fewer_units;    // out: the buckets gave units for fewer than `ids` (now cut to them)
     bool bucket_empty;   // out: the queue's bucket had no unit left
+    const SPITupleTable* rows;  // out: the rows claimed
+    uint64 claimed;             // out: how many
 };
 
-// Locks the events of `lock->ids` and the group's expired claims, never
+// Locks the events of `take->ids` and the group's expired claims, never
 // waiting; then, unless an earlier try did, takes the units for them. True
 // when every one was locked, the group has no more holders than it takes,
 // and the buckets gave units for all of them.
-bool lock_group_events(void* arg) {
-    auto* lock = static_cast<GroupLock*>(arg);
-    const GroupClaim& claim = *lock->claim;
-    Datum args[5] = {claim.queue, PointerGetDatum(lock->group_key), TimestampTzGetDatum(claim.now),
-                     PointerGetDatum(lock->ids), PointerGetDatum(lock->expired)};
-    const char nulls[5] = {' ', ' ', ' ', ' ', lock->expired == nullptr ? 'n' : ' '};
+bool lock_group_events(GroupTake* take) {
+    const GroupClaim& claim = *take->claim;
+    Datum args[5] = {claim.queue, PointerGetDatum(take->group_key), TimestampTzGetDatum(claim.now),
+                     PointerGetDatum(take->ids), PointerGetDatum(take->expired)};
+    const char nulls[5] = {' ', ' ', ' ', ' ', take->expired == nullptr ? 'n' : ' '};
     run_kept_plan(&lock_events, args, nulls, SPI_OK_SELECT, 1);
     bool is_null = true;
     const int64 wanted =
         DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
     const int64 locked =
         DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &is_null));
-    if (locked < wanted || too_many_holders(claim, lock->group_key, lock->slot, array_column(3))) {
+    if (locked < wanted || too_many_holders(claim, take->group_key, take->slot, array_column(3))) {
         return false;  // busy: another transaction is changing one of them
     }
-    if (lock->units_taken) {
+    if (take->units_taken) {
         return true;
     }
     // The queue's units for no more than the group's bucket had (step 2),
@@ -352,63 +358,90 @@ bool lock_group_events(void* arg) {
     // having given fewer units than events, one of the events the claim then
     // takes turned busy before the second try.
     const text* queue = DatumGetTextPP(claim.queue);
-    const int64 count = array_length(lock->ids);
+    const int64 count = array_length(take->ids);
     const int64 queue_allowed = claim_limit_take(*claim.limit, claim.now, count);
     if (queue_allowed == 0) {  // the queue's bucket is empty: no group now
-        lock->bucket_empty = true;
+        take->bucket_empty = true;
         return false;
     }
     const int64 allowed =
-        group_limit_take(*claim.group_limit, queue, lock->group_key, claim.now, queue_allowed);
-    lock->units_taken = true;
+        group_limit_take(*claim.group_limit, queue, take->group_key, claim.now, queue_allowed);
+    take->units_taken = true;
     if (allowed < count) {
-        lock->fewer_units = allowed > 0;
-        lock->ids = allowed > 0 ? first_ids(lock->ids, static_cast<int>(allowed)) : nullptr;
+        take->fewer_units = allowed > 0;
+        take->ids = allowed > 0 ? first_ids(take->ids, static_cast<int>(allowed)) : nullptr;
         return false;
     }
     return true;
 }
 
-// Steps 2 and 3 for the group whose lease slot `slot` this claim holds: its
-// due events read, then the ones the claim takes locked and their units
-// taken. Returns them (in the claim's order), nullptr when the group is
-// passed over; the group's expired claims in `*expired`, how many events
-// were due in `*free`.
-ArrayType* lock_claimed_events(const GroupClaim& claim, const text* group_key, int slot,
-                               ArrayType** expired, int* free, bool* bucket_empty) {
-    Datum args[3] = {claim.queue, PointerGetDatum(group_key), TimestampTzGetDatum(claim.now)};
+// Steps 3 and 4 (run_in_subtransaction's step): the events locked, then
+// claimed; false, nothing written and nothing locked, when the group is
+// passed over.
+bool take_group_events(void* arg) {
+    auto* take = static_cast<GroupTake*>(arg);
+    if (!lock_group_events(take)) {
+        return false;
+    }
+    const GroupClaim& claim = *take->claim;
+    // In a strict group only the first event of an expired claim ran (its
+    // worker went in order and stopped there): the others are not charged.
+    ArrayType* uncharged = nullptr;
+    if (claim.policy.strict_order && take->expired != nullptr) {
+        Datum expired_args[1] = {PointerGetDatum(take->expired)};
+        run_kept_plan(&never_ran, expired_args, nullptr, SPI_OK_SELECT, 1);
+        uncharged = array_column(1);
+    }
+    if (take->expired != nullptr && array_length(take->ids) < take->free) {
+        // The first events (expired claims first, then the oldest; in strict
+        // order by id), as many as max and the buckets allow. Expired claims
+        // left out are ended for their worker now, or it could still complete
+        // them while this claim holds the group.
+        Datum fence_args[3] = {PointerGetDatum(take->expired), TimestampTzGetDatum(claim.now),
+                               PointerGetDatum(take->ids)};
+        run_kept_plan(&fence_claims, fence_args, nullptr, SPI_OK_SELECT);
+    }
+    const ClaimRequest request{take->ids,
+                               take->expired != nullptr,
+                               claim.worker,
+                               claim.lease,
+                               take->token,
+                               claim.now,
+                               claim.policy.strict_order ? ClaimOrder::kId : ClaimOrder::kRunAt,
+                               uncharged};
+    take->claimed = mark_claimed(request, &take->rows);
+    return true;  // kept even when every event was out of attempts: they are dead now
+}
+
+// Step 2 for the group whose lease slot `slot` this claim holds: its due
+// events read, and the ones the claim takes chosen (in the claim's order).
+// False when the group is passed over.
+bool choose_group_events(GroupTake* take) {
+    const GroupClaim& claim = *take->claim;
+    Datum args[3] = {claim.queue, PointerGetDatum(take->group_key), TimestampTzGetDatum(claim.now)};
     run_kept_plan(claim.policy.strict_order ? &group_due_strict : &group_due, args, nullptr,
                   SPI_OK_SELECT, 1);
     ArrayType* ids = array_column(1);
-    *expired = array_column(2);
-    if (ids == nullptr || too_many_holders(claim, group_key, slot, array_column(3))) {
-        return nullptr;
+    take->expired = array_column(2);
+    if (ids == nullptr || too_many_holders(claim, take->group_key, take->slot, array_column(3))) {
+        return false;
     }
-    *free = array_length(ids);
+    take->free = array_length(ids);
     // No more events locked than the buckets have units for now.
     const text* queue = DatumGetTextPP(claim.queue);
-    const int64 group_has = group_limit_available(*claim.group_limit, queue, group_key, claim.now,
-                                                  std::min<int64>(*free, claim.max));
+    const int64 group_has =
+        group_limit_available(*claim.group_limit, queue, take->group_key, claim.now,
+                              std::min<int64>(take->free, claim.max));
     if (group_has == 0) {  // emptied since the look-up: pass the group over
-        return nullptr;
+        return false;
     }
     const int64 queue_has = claim_limit_available(*claim.limit, claim.now, group_has);
     if (queue_has == 0) {  // the queue's bucket is empty: no group now
-        *bucket_empty = true;
-        return nullptr;
+        take->bucket_empty = true;
+        return false;
     }
-    GroupLock lock{};
-    lock.claim = &claim;
-    lock.group_key = group_key;
-    lock.slot = slot;
-    lock.ids = queue_has < *free ? first_ids(ids, static_cast<int>(queue_has)) : ids;
-    lock.expired = *expired;
-    bool kept = run_in_subtransaction(lock_group_events, &lock);
-    if (!kept && lock.fewer_units) {  // again, for as many events as units
-        kept = run_in_subtransaction(lock_group_events, &lock);
-    }
-    *bucket_empty = lock.bucket_empty;
-    return kept ? lock.ids : nullptr;
+    take->ids = queue_has < take->free ? first_ids(ids, static_cast<int>(queue_has)) : ids;
+    return true;
 }
 
 // Claims the due events of `group_key` if the group is free (steps 1-4);
@@ -420,51 +453,25 @@ uint64 claim_one_group(const GroupClaim& claim, const text* group_key, const SPI
     if (group_limit_available(*claim.group_limit, queue, group_key, claim.now, 1) == 0) {
         return 0;  // the group's own bucket is empty
     }
+    GroupTake take{};
+    take.claim = &claim;
+    take.group_key = group_key;
     RegistryKey key;
-    int slot = 0;
-    const int64 token = take_slot(claim, group_key, &key, &slot);
-    if (token == 0) {
+    take.token = take_slot(claim, group_key, &key, &take.slot);
+    if (take.token == 0) {
         return 0;  // other workers hold the group (shared memory)
     }
-    ArrayType* expired = nullptr;
-    int free = 0;
-    ArrayType* ids = lock_claimed_events(claim, group_key, slot, &expired, &free, bucket_empty);
-    if (ids == nullptr) {
-        lock_release(key, token);
+    bool taken = choose_group_events(&take) && run_in_subtransaction(take_group_events, &take);
+    if (!taken && take.fewer_units) {  // again, for as many events as units
+        taken = run_in_subtransaction(take_group_events, &take);
+    }
+    *bucket_empty = take.bucket_empty;
+    if (!taken || take.claimed == 0) {  // passed over, or every due event was out of attempts
+        lock_release(key, take.token);
         return 0;
     }
-    // In a strict group only the first event of an expired claim ran (its
-    // worker went in order and stopped there): the others are not charged.
-    ArrayType* uncharged = nullptr;
-    bool is_null = true;
-    if (claim.policy.strict_order && expired != nullptr) {
-        Datum expired_args[1] = {PointerGetDatum(expired)};
-        run_kept_plan(&never_ran, expired_args, nullptr, SPI_OK_SELECT, 1);
-        uncharged = DatumGetArrayTypePCopy(
-            SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
-    }
-    if (expired != nullptr && array_length(ids) < free) {
-        // The first events (expired claims first, then the oldest; in strict
-        // order by id), as many as max and the buckets allow. Expired claims
-        // left out are ended for their worker now, or it could still complete
-        // them while this claim holds the group.
-        Datum fence_args[3] = {PointerGetDatum(expired), TimestampTzGetDatum(claim.now),
-                               PointerGetDatum(ids)};
-        run_kept_plan(&fence_claims, fence_args, nullptr, SPI_OK_SELECT);
-    }
-    const ClaimRequest request{ids,
-                               expired != nullptr,
-                               claim.worker,
-                               claim.lease,
-                               token,
-                               claim.now,
-                               claim.policy.strict_order ? ClaimOrder::kId : ClaimOrder::kRunAt,
-                               uncharged};
-    const uint64 claimed = mark_claimed(request, rows);
-    if (claimed == 0) {  // every due event was out of attempts
-        lock_release(key, token);
-    }
-    return claimed;
+    *rows = take.rows;
+    return take.claimed;
 }
 
 // Reads the candidates of one pass (expired group claims, or due grouped
