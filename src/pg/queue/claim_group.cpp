@@ -7,38 +7,50 @@
 // behind by a claim whose lease expired, then groups with due events, oldest
 // first. A group already tried in this call is skipped by a hash lookup.
 // Before them, expired claims of throttle.claim that hold back a due grouped
-// run of their item_key are ended (blocking_claims.hpp). For each new
-// candidate:
+// run of their item_key are ended (blocking_claims.hpp).
+//
+// No row of a group is locked before the group is chosen, and then only the
+// rows the claim writes: a row lock lasts until the transaction ends, so a
+// claim left in an open transaction (its worker works before COMMIT) would
+// otherwise keep other workers and schedule off the rows of every group it
+// looked at and passed over. For each new candidate:
 //  0. when the queue's groups have buckets of their own (throttle.
 //     group_bucket), the group's units: a group whose bucket is empty is
 //     passed over at the cost of one look-up;
 //  1. a lease slot in shared memory (group_lease.hpp): slot 0, or the first
 //     free one of the N that throttle.group_policy gives the queue. A
 //     group whose slots other workers hold costs N lookups;
-//  2. the claims whose lease holds on it, read without locking: the table
+//  2. the group's due events and the claims whose lease holds on it, read
+//     in one statement (one snapshot) without locking anything: the table
 //     is the durable truth, so a claim from before a restart counts even
 //     though shared memory forgot it. The group is skipped when those
 //     claims, the other slots' holders and this claim would be more than N.
-//     Then its due events counted and locked in one statement (one
-//     snapshot), never waiting and never locking another claim's events:
-//     when another transaction is changing one of them (cancel, reschedule,
-//     or a claim or complete not committed yet) fewer are locked than
-//     counted, and the group is busy, skipped; the holders that snapshot
-//     shows are counted again. A pending event whose item_key has a claimed
-//     run waits for it. In a group kept in strict order only the events
-//     before the first one that is not ready count;
-//  3. of the rest (expired claims first, then by run_at), up to max, no
-//     more than the group's own bucket gives units for (none: the group is
-//     passed over), and no more than a bucket that limits the queue gives
-//     units for (claim_limit.hpp); none when it is empty, and then the call
-//     ends.
-//     Expired claims left out are ended for their old worker: pending
-//     again, or dead when that claim was their last attempt; in a strict
-//     group those after the old claim's first never ran, and get their
-//     attempt back;
-//  4. the events are marked claimed (mark_claimed.hpp), in a transaction
-//     whose commit is durable (durable_commit.hpp). A group whose due events
-//     all had their attempts used up is released, and the next one tried.
+//     A pending event whose item_key has a claimed run waits for it. In a
+//     group kept in strict order only the events before the first one that
+//     is not ready count. Of the due events (expired claims first, then by
+//     run_at; in strict order by id), up to max, no more than the group's
+//     own bucket and a bucket that limits the queue (claim_limit.hpp) have
+//     units for now; none in the queue's: the call ends;
+//  3. in a subtransaction (subtransaction.hpp), those events and the
+//     group's expired claims locked, never waiting and never locking another
+//     claim's events: when another transaction is changing one of them
+//     (cancel, reschedule, schedule, or a claim or complete not committed
+//     yet), fewer are locked than asked for, and the group is busy: the
+//     subtransaction is rolled back, which unlocks the others, and the group
+//     skipped. The holders the lock's snapshot shows are counted again. Then
+//     the units taken for them, the queue's for no more than the group's
+//     bucket had, then the group's; when they are fewer than the events
+//     locked, the lock is rolled back and taken again for as many events as
+//     units. Expired claims left out are ended for their old worker:
+//     pending again, or dead when that claim was their last attempt; in a
+//     strict group those after the old claim's first never ran, and get
+//     their attempt back;
+//  4. the events are marked claimed (mark_claimed.hpp) in the same
+//     subtransaction (an UPDATE of rows another subtransaction locked would
+//     make a MultiXact per row), which is then kept: the rows the claim
+//     writes stay locked, and no others. The transaction's commit is durable
+//     (durable_commit.hpp). A group whose due events all had their attempts
+//     used up is released, and the next one tried.
 #include "pg/standby.hpp"
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
@@ -53,6 +65,7 @@
 #include "pg/queue/group_lease.hpp"
 #include "pg/queue/group_policy.hpp"
 #include "pg/queue/mark_claimed.hpp"
+#include "pg/queue/subtransaction.hpp"
 #include "pg/registry.hpp"
 
 namespace pg_throttle::pg {
@@ -79,29 +92,16 @@ KeptPlan due_grouped_events{
     {TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID},
     nullptr};
 
-// The tokens of the claims whose lease holds on the group, read without
-// locking anything (step 2's first look): a group held by as many claims as
-// it takes is skipped before any of its rows is locked. By group
-// (event_claimed_groups), never by lease time, whose index holds many dead
-// entries under churn until vacuum.
-KeptPlan group_holders{
-    "SELECT array_agg(DISTINCT e.claim_token) FROM throttle.event e"
-    " WHERE e.queue = $1 AND e.group_key = $2 AND e.state = 'claimed'"
-    "   AND e.group_key IS NOT NULL AND (e.lease_until > $3) IS TRUE",
-    3,
-    {TEXTOID, TEXTOID, TIMESTAMPTZOID},
-    nullptr};
-
-// Fragments of the two lock statements below, with e the event and $1, $2,
-// $3 the queue, the group_key and now. GROUP_EVENTS: the group's events that
-// are not finished, along event_groups. HOLDS: another claim's, whose lease
+// Fragments of the statements below, with e the event and $1, $2, $3 the
+// queue, the group_key and now. GROUP_EVENTS: the group's events that are
+// not finished, along event_groups. HOLDS: another claim's, whose lease
 // holds. DUE_PENDING: a pending event due now whose item_key has no claimed
 // run (event_claimed_key; one lookup per row, as claim.cpp's due_events
-// says): one that has waits for it. LOCKABLE: what a claim
-// may take, rechecked on the row it locks (an event that turned into a claim
-// whose lease holds after the snapshot fails it). upper(state) keeps the
-// generic plan from reading every claimed event of the queue through the
-// partial indexes on state = 'claimed' instead of event_groups.
+// says): one that has waits for it. LOCKABLE: what a claim may take,
+// rechecked on the row it locks (an event that turned into a claim whose
+// lease holds after the snapshot fails it). upper(state) keeps the generic
+// plan from reading every claimed event of the queue through the partial
+// indexes on state = 'claimed' instead of event_groups.
 #define GROUP_EVENTS                                                \
     "e.queue = $1 AND e.group_key = $2 AND e.group_key IS NOT NULL" \
     " AND e.state IN ('pending', 'claimed')"
@@ -113,31 +113,25 @@ KeptPlan group_holders{
 #define LOCKABLE                                                         \
     "((upper(e.state) = 'CLAIMED' AND (e.lease_until > $3) IS NOT TRUE)" \
     " OR (upper(e.state) = 'PENDING' AND " DUE_PENDING "))"
-// The result of both: how many are due, how many were locked, their ids (in
-// the claim's order), the expired claims among them, and the tokens of the
-// claims whose lease holds, as the statement's snapshot shows them.
-#define LOCK_RESULT(order)                                                      \
-    " SELECT (SELECT count(*) FROM due),"                                       \
-    "        (SELECT count(*) FROM locked),"                                    \
-    "        (SELECT array_agg(l.id ORDER BY " order                            \
-    ") FROM locked l),"                                                         \
-    "        (SELECT array_agg(l.id) FROM locked l WHERE l.state = 'claimed')," \
+// The result of both reads: the due events' ids in the claim's order, the
+// expired claims among them, and the tokens of the claims whose lease holds.
+#define DUE_RESULT(order)                                                    \
+    " SELECT (SELECT array_agg(d.id ORDER BY " order                         \
+    ") FROM due d),"                                                         \
+    "        (SELECT array_agg(d.id) FROM due d WHERE d.state = 'claimed')," \
     "        (SELECT array_agg(DISTINCT g.claim_token) FROM grp g WHERE g.holds)"
 
-// The group's due events counted and locked (step 2), never waiting, expired
-// claims first, then by run_at. Claims whose lease holds are other workers':
-// never locked (their complete, fail and extend never wait for a claim).
-KeptPlan lock_group{
+// Step 2: the group's due events, read without locking anything, expired
+// claims first, then by run_at. Claims whose lease holds are other
+// workers': never taken.
+KeptPlan group_due{
     "WITH grp AS ("
-    "  SELECT e.id, e.claim_token, " HOLDS
+    "  SELECT e.id, e.state, e.run_at, e.claim_token, " HOLDS
     " AS holds FROM throttle.event e"
     "  WHERE " GROUP_EVENTS " AND (upper(e.state) = 'CLAIMED' OR (" DUE_PENDING
     "))),"
-    " due AS (SELECT g.id FROM grp g WHERE NOT g.holds),"
-    " locked AS ("
-    "  SELECT e.id, e.state, e.run_at FROM throttle.event e"
-    "  WHERE " GROUP_EVENTS " AND " LOCKABLE
-    "  FOR UPDATE OF e SKIP LOCKED)" LOCK_RESULT("l.state = 'claimed' DESC, l.run_at, l.id"),
+    " due AS (SELECT g.id, g.state, g.run_at FROM grp g WHERE NOT g.holds)" DUE_RESULT(
+        "d.state = 'claimed' DESC, d.run_at, d.id"),
     3,
     {TEXTOID, TEXTOID, TIMESTAMPTZOID},
     nullptr};
@@ -145,32 +139,42 @@ KeptPlan lock_group{
 // The same for a queue whose groups keep strict order: the group's events in
 // id order up to the first one that is not ready (pending with run_at after
 // now, or waiting for a claimed run of its item_key), ids in id order.
-// Its lock finds the rows by primary key, from due: GROUP_EVENTS there
-// would let the generic plan walk event_groups and rescan due for every
-// event of the group (5 s instead of 60 ms for a group of 10 000).
-KeptPlan lock_group_strict{
+KeptPlan group_due_strict{
     "WITH grp AS ("
-    "  SELECT e.id, e.claim_token, " HOLDS
+    "  SELECT e.id, e.state, e.claim_token, " HOLDS
     " AS holds,"
     "         upper(e.state) = 'CLAIMED' OR (" DUE_PENDING
     ") AS ready"
     "  FROM throttle.event e WHERE " GROUP_EVENTS
     "),"
     " due AS ("
-    "  SELECT g.id FROM grp g"
+    "  SELECT g.id, g.state FROM grp g"
     "  WHERE g.ready AND NOT g.holds"
     "    AND g.id < coalesce((SELECT min(n.id) FROM grp n WHERE NOT n.ready),"
-    "                        9223372036854775807)),"
-    " locked AS ("
-    "  SELECT e.id, e.state FROM throttle.event e"
-    "  WHERE e.id IN (SELECT d.id FROM due d)"
-    "    AND e.queue = $1 AND e.group_key = $2 AND " LOCKABLE
-    "  FOR UPDATE OF e SKIP LOCKED)" LOCK_RESULT("l.id"),
+    "                        9223372036854775807))" DUE_RESULT("d.id"),
     3,
     {TEXTOID, TEXTOID, TIMESTAMPTZOID},
     nullptr};
 
-#undef LOCK_RESULT
+// Step 3: the events the claim takes ($4) and the group's expired claims
+// ($5, NULL for none) locked, never waiting, found by primary key and
+// rechecked; how many ids there are, how many were locked, and the tokens
+// of the claims whose lease holds, as this statement's snapshot shows them.
+KeptPlan lock_events{
+    "WITH locked AS ("
+    "  SELECT e.id FROM throttle.event e"
+    "  WHERE e.id = ANY ($4 || coalesce($5, '{}'))"
+    "    AND e.queue = $1 AND e.group_key = $2 AND " LOCKABLE
+    "  FOR UPDATE OF e SKIP LOCKED)"
+    " SELECT (SELECT count(DISTINCT i) FROM unnest($4 || coalesce($5, '{}')) AS i),"
+    "        (SELECT count(*) FROM locked),"
+    "        (SELECT array_agg(DISTINCT e.claim_token) FROM throttle.event e"
+    "         WHERE " GROUP_EVENTS " AND " HOLDS ")",
+    5,
+    {TEXTOID, TEXTOID, TIMESTAMPTZOID, INT8ARRAYOID, INT8ARRAYOID},
+    nullptr};
+
+#undef DUE_RESULT
 #undef LOCKABLE
 #undef DUE_PENDING
 #undef HOLDS
@@ -303,6 +307,153 @@ bool too_many_holders(const GroupClaim& claim, const text* group_key, int slot,
     return holders > claim.policy.workers;
 }
 
+// An array column of SPI_tuptable's first row, copied; nullptr when NULL.
+ArrayType* array_column(int column) {
+    bool is_null = true;
+    const Datum value =
+        SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, column, &is_null);
+    return is_null ? nullptr : DatumGetArrayTypePCopy(value);
+}
+
+int array_length(const ArrayType* array) {
+    return ArrayGetNItems(ARR_NDIM(array), ARR_DIMS(array));
+}
+
+// Steps 3 and 4 for one group, in a subtransaction (run_in_subtransaction):
+// what they take, and what they found. The claim writes its events in the
+// subtransaction that locked them: an UPDATE of a row that another
+// (sub)transaction of ours locked makes a MultiXact of the two, one per row.
+struct GroupTake {
+    const GroupClaim* claim;
+    const text* group_key;
+    int slot;
+    int64 token;         // the group lease's
+    ArrayType* ids;      // the events to claim, in the claim's order
+    ArrayType* expired;  // the group's expired claims; nullptr: none
+    int free;            // how many events were due
+    bool units_taken;    // by an earlier try: take none again
+    bool fewer_units;    // out: the buckets gave units for fewer than `ids` (now cut to them)
+    bool bucket_empty;   // out: the queue's bucket had no unit left
+    const SPITupleTable* rows;  // out: the rows claimed
+    uint64 claimed;             // out: how many
+};
+
+// Locks the events of `take->ids` and the group's expired claims, never
+// waiting; then, unless an earlier try did, takes the units for them. True
+// when every one was locked, the group has no more holders than it takes,
+// and the buckets gave units for all of them.
+bool lock_group_events(GroupTake* take) {
+    const GroupClaim& claim = *take->claim;
+    Datum args[5] = {claim.queue, PointerGetDatum(take->group_key), TimestampTzGetDatum(claim.now),
+                     PointerGetDatum(take->ids), PointerGetDatum(take->expired)};
+    const char nulls[5] = {' ', ' ', ' ', ' ', take->expired == nullptr ? 'n' : ' '};
+    run_kept_plan(&lock_events, args, nulls, SPI_OK_SELECT, 1);
+    bool is_null = true;
+    const int64 wanted =
+        DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
+    const int64 locked =
+        DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &is_null));
+    if (locked < wanted || too_many_holders(claim, take->group_key, take->slot, array_column(3))) {
+        return false;  // busy: another transaction is changing one of them
+    }
+    if (take->units_taken) {
+        return true;
+    }
+    // The queue's units for no more than the group's bucket had (step 2),
+    // then the group's for no more than the queue gave: units are lost (a
+    // bucket errs on the side of fewer events) only when another claim of
+    // this group took the group's units in between, or when, the buckets
+    // having given fewer units than events, one of the events the claim then
+    // takes turned busy before the second try.
+    const text* queue = DatumGetTextPP(claim.queue);
+    const int64 count = array_length(take->ids);
+    const int64 queue_allowed = claim_limit_take(*claim.limit, claim.now, count);
+    if (queue_allowed == 0) {  // the queue's bucket is empty: no group now
+        take->bucket_empty = true;
+        return false;
+    }
+    const int64 allowed =
+        group_limit_take(*claim.group_limit, queue, take->group_key, claim.now, queue_allowed);
+    take->units_taken = true;
+    if (allowed < count) {
+        take->fewer_units = allowed > 0;
+        take->ids = allowed > 0 ? first_ids(take->ids, static_cast<int>(allowed)) : nullptr;
+        return false;
+    }
+    return true;
+}
+
+// Steps 3 and 4 (run_in_subtransaction's step): the events locked, then
+// claimed; false, nothing written and nothing locked, when the group is
+// passed over.
+bool take_group_events(void* arg) {
+    auto* take = static_cast<GroupTake*>(arg);
+    if (!lock_group_events(take)) {
+        return false;
+    }
+    const GroupClaim& claim = *take->claim;
+    // In a strict group only the first event of an expired claim ran (its
+    // worker went in order and stopped there): the others are not charged.
+    ArrayType* uncharged = nullptr;
+    if (claim.policy.strict_order && take->expired != nullptr) {
+        Datum expired_args[1] = {PointerGetDatum(take->expired)};
+        run_kept_plan(&never_ran, expired_args, nullptr, SPI_OK_SELECT, 1);
+        uncharged = array_column(1);
+    }
+    if (take->expired != nullptr && array_length(take->ids) < take->free) {
+        // The first events (expired claims first, then the oldest; in strict
+        // order by id), as many as max and the buckets allow. Expired claims
+        // left out are ended for their worker now, or it could still complete
+        // them while this claim holds the group; those that never ran are
+        // not charged for it (nor made dead by it).
+        Datum fence_args[4] = {PointerGetDatum(take->expired), TimestampTzGetDatum(claim.now),
+                               PointerGetDatum(take->ids), PointerGetDatum(uncharged)};
+        const char fence_nulls[4] = {' ', ' ', ' ', uncharged == nullptr ? 'n' : ' '};
+        run_kept_plan(&fence_claims, fence_args, fence_nulls, SPI_OK_SELECT);
+    }
+    const ClaimRequest request{take->ids,
+                               take->expired != nullptr,
+                               claim.worker,
+                               claim.lease,
+                               take->token,
+                               claim.now,
+                               claim.policy.strict_order ? ClaimOrder::kId : ClaimOrder::kRunAt,
+                               uncharged};
+    take->claimed = mark_claimed(request, &take->rows);
+    return true;  // kept even when every event was out of attempts: they are dead now
+}
+
+// Step 2 for the group whose lease slot `slot` this claim holds: its due
+// events read, and the ones the claim takes chosen (in the claim's order).
+// False when the group is passed over.
+bool choose_group_events(GroupTake* take) {
+    const GroupClaim& claim = *take->claim;
+    Datum args[3] = {claim.queue, PointerGetDatum(take->group_key), TimestampTzGetDatum(claim.now)};
+    run_kept_plan(claim.policy.strict_order ? &group_due_strict : &group_due, args, nullptr,
+                  SPI_OK_SELECT, 1);
+    ArrayType* ids = array_column(1);
+    take->expired = array_column(2);
+    if (ids == nullptr || too_many_holders(claim, take->group_key, take->slot, array_column(3))) {
+        return false;
+    }
+    take->free = array_length(ids);
+    // No more events locked than the buckets have units for now.
+    const text* queue = DatumGetTextPP(claim.queue);
+    const int64 group_has =
+        group_limit_available(*claim.group_limit, queue, take->group_key, claim.now,
+                              std::min<int64>(take->free, claim.max));
+    if (group_has == 0) {  // emptied since the look-up: pass the group over
+        return false;
+    }
+    const int64 queue_has = claim_limit_available(*claim.limit, claim.now, group_has);
+    if (queue_has == 0) {  // the queue's bucket is empty: no group now
+        take->bucket_empty = true;
+        return false;
+    }
+    take->ids = queue_has < take->free ? first_ids(ids, static_cast<int>(queue_has)) : ids;
+    return true;
+}
+
 // Claims the due events of `group_key` if the group is free (steps 1-4);
 // how many, their rows in `*rows`. Sets `*bucket_empty` when the queue's
 // bucket had no unit left.
@@ -312,97 +463,25 @@ uint64 claim_one_group(const GroupClaim& claim, const text* group_key, const SPI
     if (group_limit_available(*claim.group_limit, queue, group_key, claim.now, 1) == 0) {
         return 0;  // the group's own bucket is empty
     }
+    GroupTake take{};
+    take.claim = &claim;
+    take.group_key = group_key;
     RegistryKey key;
-    int slot = 0;
-    const int64 token = take_slot(claim, group_key, &key, &slot);
-    if (token == 0) {
+    take.token = take_slot(claim, group_key, &key, &take.slot);
+    if (take.token == 0) {
         return 0;  // other workers hold the group (shared memory)
     }
-    Datum args[3] = {claim.queue, PointerGetDatum(group_key), TimestampTzGetDatum(claim.now)};
-    run_kept_plan(&group_holders, args, nullptr, SPI_OK_SELECT, 1);
-    bool is_null = true;
-    const Datum holders_datum =
-        SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null);
-    if (!is_null &&
-        too_many_holders(claim, group_key, slot, DatumGetArrayTypePCopy(holders_datum))) {
-        lock_release(key, token);
+    bool taken = choose_group_events(&take) && run_in_subtransaction(take_group_events, &take);
+    if (!taken && take.fewer_units) {  // again, for as many events as units
+        taken = run_in_subtransaction(take_group_events, &take);
+    }
+    *bucket_empty = take.bucket_empty;
+    if (!taken || take.claimed == 0) {  // passed over, or every due event was out of attempts
+        lock_release(key, take.token);
         return 0;
     }
-    run_kept_plan(claim.policy.strict_order ? &lock_group_strict : &lock_group, args, nullptr,
-                  SPI_OK_SELECT, 1);
-    const HeapTuple row = SPI_tuptable->vals[0];
-    const TupleDesc desc = SPI_tuptable->tupdesc;
-    const int64 due = DatumGetInt64(SPI_getbinval(row, desc, 1, &is_null));
-    const int64 locked = DatumGetInt64(SPI_getbinval(row, desc, 2, &is_null));
-    const Datum ids_datum = SPI_getbinval(row, desc, 3, &is_null);
-    ArrayType* ids = is_null ? nullptr : DatumGetArrayTypePCopy(ids_datum);
-    const int free = ids == nullptr ? 0 : ArrayGetNItems(ARR_NDIM(ids), ARR_DIMS(ids));
-    const Datum expired_datum = SPI_getbinval(row, desc, 4, &is_null);
-    ArrayType* expired = is_null ? nullptr : DatumGetArrayTypePCopy(expired_datum);
-    const Datum held_datum = SPI_getbinval(row, desc, 5, &is_null);
-    ArrayType* held_tokens = is_null ? nullptr : DatumGetArrayTypePCopy(held_datum);
-    if (free == 0 || locked < due || too_many_holders(claim, group_key, slot, held_tokens)) {
-        lock_release(key, token);
-        return 0;
-    }
-    // In a strict group only the first event of an expired claim ran (its
-    // worker went in order and stopped there): the others are not charged.
-    ArrayType* uncharged = nullptr;
-    if (claim.policy.strict_order && expired != nullptr) {
-        Datum expired_args[1] = {PointerGetDatum(expired)};
-        run_kept_plan(&never_ran, expired_args, nullptr, SPI_OK_SELECT, 1);
-        uncharged = DatumGetArrayTypePCopy(
-            SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
-    }
-    // The queue's units for no more than the group's bucket has now (its
-    // rows locked), then the group's for no more than the queue gave: units
-    // are lost (a bucket errs on the side of fewer events) only when another
-    // claim of this group took the group's units in between.
-    const int64 group_has = group_limit_available(*claim.group_limit, queue, group_key, claim.now,
-                                                  std::min<int64>(free, claim.max));
-    if (group_has == 0) {  // emptied since the look-up: pass the group over
-        lock_release(key, token);
-        return 0;
-    }
-    const int64 queue_allowed = claim_limit_take(*claim.limit, claim.now, group_has);
-    if (queue_allowed == 0) {  // the queue's bucket is empty: no group now
-        lock_release(key, token);
-        *bucket_empty = true;
-        return 0;
-    }
-    const int64 allowed =
-        group_limit_take(*claim.group_limit, queue, group_key, claim.now, queue_allowed);
-    if (allowed == 0) {
-        lock_release(key, token);
-        return 0;
-    }
-    if (allowed < free) {
-        // The first events (expired claims first, then the oldest; in strict
-        // order by id), as many as max and the bucket allow. Expired claims
-        // left out are ended for their worker now, or it could still complete
-        // them while this claim holds the group; those that never ran are
-        // not charged for it (nor made dead by it).
-        ids = first_ids(ids, static_cast<int>(allowed));
-        if (expired != nullptr) {
-            Datum fence_args[4] = {PointerGetDatum(expired), TimestampTzGetDatum(claim.now),
-                                   PointerGetDatum(ids), PointerGetDatum(uncharged)};
-            const char fence_nulls[4] = {' ', ' ', ' ', uncharged == nullptr ? 'n' : ' '};
-            run_kept_plan(&fence_claims, fence_args, fence_nulls, SPI_OK_SELECT);
-        }
-    }
-    const ClaimRequest request{ids,
-                               expired != nullptr,
-                               claim.worker,
-                               claim.lease,
-                               token,
-                               claim.now,
-                               claim.policy.strict_order ? ClaimOrder::kId : ClaimOrder::kRunAt,
-                               uncharged};
-    const uint64 claimed = mark_claimed(request, rows);
-    if (claimed == 0) {  // every due event was out of attempts
-        lock_release(key, token);
-    }
-    return claimed;
+    *rows = take.rows;
+    return take.claimed;
 }
 
 // Reads the candidates of one pass (expired group claims, or due grouped

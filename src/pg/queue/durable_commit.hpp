@@ -7,8 +7,10 @@
 namespace pg_throttle::pg {
 
 // Raises synchronous_commit to on (remote flush) for the rest of the calling
-// transaction when it is lower (off, local, remote_write); a higher setting
-// (remote_apply) stays.
+// transaction when it is lower (off, local, remote_write), and again at its
+// commit (or PREPARE), whatever a function's SET clause or a SET LOCAL did to
+// it after the call; a higher setting (remote_apply) stays. A rollback to a
+// savepoint does not undo the request: such a commit is durable too.
 void require_durable_commit();
 
 }  // namespace pg_throttle::pg
