@@ -286,6 +286,42 @@ def open_claim_group_locks(tap, admin):
     impatient.close()
 
 
+def strict_blocking_claims(tap):
+    """In a group kept in strict order a claim of e1, e2, e3 expires; the
+    worker extended e3's lease. A run without a group of e2's item_key is
+    scheduled and throttle.claim comes by: it ends e2 (it holds back that
+    run) and the claim's later events whose lease ended too, not e3, which
+    its worker still completes. e2 waited behind e1, still claimed: it never
+    ran, and is not charged."""
+    conn = connect()
+    cur = conn.cursor()
+    queue = "d.strict.blocking"
+    fresh(cur, queue)
+    cur.execute("INSERT INTO throttle.group_policy (queue, strict_order) VALUES (%s, true)"
+                " ON CONFLICT (queue) DO UPDATE SET strict_order = true, workers = 1", (queue,))
+    cur.execute("SET pg_throttle.test_clock = '2031-06-01 12:00:00+00'")
+    e1, e2, e3 = [one(conn, "SELECT throttle.schedule(%s, %s, throttle.now(), group_key => 'G')",
+                      (queue, k))[0] for k in ("k1", "k2", "k3")]
+    token = one(conn, "SELECT min(claim_token) FROM throttle.claim_group(%s, 'w1', '10 seconds')",
+                (queue,))[0]
+    cur.execute("SET pg_throttle.test_clock = '2031-06-01 12:00:05+00'")
+    one(conn, "SELECT throttle.extend(%s, %s, '1 hour')", ([e3], token))
+    cur.execute("SET pg_throttle.test_clock = '2031-06-01 12:00:20+00'")
+    run = one(conn, "SELECT throttle.schedule(%s, 'k2', throttle.now())", (queue,))[0]
+    got = one(conn, "SELECT array_agg(id) FROM throttle.claim(%s, 'w2', '1 minute', 10)", (queue,))[0]
+    states = one(conn, "SELECT array_agg(state || ':' || attempts ORDER BY id) FROM throttle.all_events"
+                       " WHERE id = ANY (%s)", ([e1, e2, e3],))[0]
+    tap.is_((got, states), ([run], ["claimed:1", "cancelled:0", "claimed:1"]),
+            "claim ends the strict group's expired claim that holds back its run, uncharged (an earlier "
+            "event of its claim is still claimed), and leaves the event whose lease was extended")
+    tap.is_(one(conn, "SELECT array_agg(outcome) FROM throttle.event_attempt WHERE event_id = ANY (%s)",
+                ([e1, e3],))[0], None, "no attempt of e1 or e3 is ended")
+    tap.is_(one(conn, "SELECT throttle.complete(%s, %s)", ([e3], token))[0], 1,
+            "the worker completes the event whose lease it extended")
+    cur.execute("DELETE FROM throttle.group_policy WHERE queue = %s", (queue,))
+    conn.close()
+
+
 def fresh(cur, queue):
     cur.execute("DELETE FROM throttle.event WHERE queue = %s", (queue,))
 
@@ -322,7 +358,7 @@ def claim_group_during(tap, admin, queue, change, what):
 
 
 def main():
-    tap = Tap(71)
+    tap = Tap(74)
     admin = connect()
     cur = admin.cursor()
 
@@ -938,6 +974,10 @@ def main():
     open_claim_group_locks(tap, admin)
     # 67-71: durable commits through a function's SET synchronous_commit = off.
     durable_in_function(tap, admin)
+    # 72-74: a claim that ends a strict group's expired claim for a newer run
+    # leaves the group's events whose lease the worker extended, and gives
+    # their attempt back to those that never ran.
+    strict_blocking_claims(tap)
     b.close()
     admin.close()
     tap.done()

@@ -26,26 +26,37 @@ namespace {
 
 // For claim: claim_group's expired claims. In a group kept in strict order
 // the events of such a claim after the one ended never ran (they waited
-// behind it): they are ended too, their attempt given back, or a takeover
-// of the group would charge the first of them as the one that ran.
+// behind it): they are ended too, as long as their own lease has ended as
+// well (one the worker extended is still its), or a takeover of the group
+// would charge the first of them as the one that ran. Of the events ended,
+// those of a strict group with an earlier claimed event of the same claim
+// never ran, and get their attempt back (uncharged).
 KeptPlan blocking_group_claims{
     "WITH blocking AS (" BLOCKING_CLAIMS("IS NOT NULL", "IS NULL") "),"
     " later AS ("
-    "  SELECT l.id FROM throttle.event l"
+    "  SELECT l.id, l.queue, l.group_key, l.claim_token FROM throttle.event l"
     "  WHERE l.id = ANY (ARRAY("
     "          SELECT x.id FROM blocking b"
     "          CROSS JOIN LATERAL (SELECT x.id FROM throttle.event x"  // event_claimed_groups
     "                              WHERE x.queue = b.queue AND x.group_key = b.group_key"
     "                                AND x.group_key IS NOT NULL AND x.state = 'claimed'"
     "                                AND x.claim_token = b.claim_token AND x.id > b.id"
+    "                                AND x.lease_until <= $2"
     "                              OFFSET 0) AS x"
     "          WHERE EXISTS (SELECT 1 FROM throttle.group_policy p"
     "                        WHERE p.queue = b.queue AND p.strict_order)))"
-    "    AND upper(l.state) = 'CLAIMED'"
-    "  FOR UPDATE OF l SKIP LOCKED)"
-    " SELECT (SELECT array_agg(e.id)"
-    "         FROM (SELECT b.id FROM blocking b UNION SELECT l.id FROM later l) AS e),"
-    "        ARRAY(SELECT l.id FROM later l EXCEPT SELECT b.id FROM blocking b)",
+    "    AND upper(l.state) = 'CLAIMED' AND l.lease_until <= $2"
+    "  FOR UPDATE OF l SKIP LOCKED),"
+    " ended AS (SELECT b.id, b.queue, b.group_key, b.claim_token FROM blocking b"
+    "           UNION SELECT l.id, l.queue, l.group_key, l.claim_token FROM later l)"
+    " SELECT (SELECT array_agg(n.id) FROM ended n),"
+    "        ARRAY(SELECT n.id FROM ended n"
+    "              WHERE EXISTS (SELECT 1 FROM throttle.group_policy p"
+    "                            WHERE p.queue = n.queue AND p.strict_order)"
+    "                AND EXISTS (SELECT 1 FROM throttle.event x"  // event_claimed_groups
+    "                            WHERE x.queue = n.queue AND x.group_key = n.group_key"
+    "                              AND x.group_key IS NOT NULL AND x.state = 'claimed'"
+    "                              AND x.claim_token = n.claim_token AND x.id < n.id))",
     2,
     {TEXTOID, TIMESTAMPTZOID},
     nullptr};
