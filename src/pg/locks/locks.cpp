@@ -29,21 +29,47 @@ core::Micros now_for(const RegistryKey& key) {
 
 bool exit_callback_registered = false;
 
-// How many session locks this backend may hold: counted up when it takes or
-// queues for one, down when it releases one. At exit and at DISCARD ALL it
-// looks for its session locks in the registry only when the count is above
-// zero, so the calls pay one increment, not a look-up in a table of keys.
-// The count errs only upwards (a session lock taken again, a wait ended by
-// an error), which costs a needless look at exit, never a lock left held.
-uint64 session_locks_maybe_held = 0;
+// The session locks this backend took or queued for: their keys, in its own
+// memory, so that at exit and at DISCARD ALL it releases those it still
+// holds without looking through the registry, and without allocating then.
+// A session holds few: a list searched from its newest key (the one an
+// unlock most often names) costs a lock and unlock pair a few dozen
+// instructions, where a hash table cost 650.
+struct SessionLockKeys {
+    RegistryKey* keys;  // in TopMemoryContext
+    int count;
+    int capacity;
+};
+SessionLockKeys session_locks{nullptr, 0, 0};
 
-void remember_session_lock() {
-    ++session_locks_maybe_held;
+int find_session_lock(const RegistryKey& key) {
+    for (int i = session_locks.count - 1; i >= 0; --i) {
+        if (registry_key_compare(&session_locks.keys[i], &key, sizeof key) == 0) {
+            return i;
+        }
+    }
+    return -1;
 }
 
-void forget_session_lock() {
-    if (session_locks_maybe_held > 0) {
-        --session_locks_maybe_held;
+void remember_session_lock(const RegistryKey& key) {
+    if (find_session_lock(key) >= 0) {
+        return;
+    }
+    if (session_locks.count == session_locks.capacity) {
+        const int capacity = session_locks.capacity == 0 ? 8 : session_locks.capacity * 2;
+        const size_t size = sizeof(RegistryKey) * static_cast<size_t>(capacity);
+        session_locks.keys = static_cast<RegistryKey*>(
+            session_locks.keys == nullptr ? MemoryContextAlloc(TopMemoryContext, size)
+                                          : repalloc(session_locks.keys, size));
+        session_locks.capacity = capacity;
+    }
+    session_locks.keys[session_locks.count++] = key;
+}
+
+void forget_session_lock(const RegistryKey& key) {
+    const int i = find_session_lock(key);
+    if (i >= 0) {
+        session_locks.keys[i] = session_locks.keys[--session_locks.count];
     }
 }
 
@@ -460,43 +486,12 @@ void release_if_own_session_lock(RegistryEntry* entry, void* ctx) {
     }
 }
 
-// The names of this backend's session locks, gathered by registry_scan
-// (which visits copies, outside the partitions' locks).
-struct OwnSessionLocks {
-    RegistryKey* keys;
-    int count;
-    int capacity;
-};
-
-void gather_own_session_lock(const RegistryEntry& entry, void* ctx) {
-    if (static_cast<EntryKind>(entry.key.kind) != EntryKind::kLock || entry.of.lock.token == 0 ||
-        entry.expires_at != core::kNever || !own_session_lock(entry)) {
-        return;
-    }
-    auto* own = static_cast<OwnSessionLocks*>(ctx);
-    if (own->count == own->capacity) {
-        own->capacity = own->capacity == 0 ? 8 : own->capacity * 2;
-        const size_t size = sizeof(RegistryKey) * static_cast<size_t>(own->capacity);
-        own->keys = static_cast<RegistryKey*>(own->keys == nullptr ? palloc(size)
-                                                                   : repalloc(own->keys, size));
-    }
-    own->keys[own->count++] = entry.key;
-}
-
 // Releases the session locks this session holds; a waiter gets each.
 void release_own_session_locks(core::Micros* now) {
-    if (session_locks_maybe_held == 0) {
-        return;
+    for (int i = 0; i < session_locks.count; ++i) {
+        registry_update_existing(session_locks.keys[i], release_if_own_session_lock, now);
     }
-    OwnSessionLocks own{nullptr, 0, 0};
-    registry_scan(*now, gather_own_session_lock, &own);
-    for (int i = 0; i < own.count; ++i) {
-        registry_update_existing(own.keys[i], release_if_own_session_lock, now);
-    }
-    if (own.keys != nullptr) {
-        pfree(own.keys);
-    }
-    session_locks_maybe_held = 0;
+    session_locks.count = 0;
 }
 
 void release_at_exit(int /*code*/, Datum /*arg*/) {
@@ -558,7 +553,7 @@ int64 lock_take(const RegistryKey& key, int64 ttl, core::Micros wait_us, const H
     waiter_slot_check();  // release_at_exit and a wait both use this backend's slot
     register_exit_callback();
     if (ttl == 0) {
-        remember_session_lock();  // before it can be granted, even while waiting
+        remember_session_lock(key);  // before it can be granted, even while waiting
     }
     const Oid role = registry_caller_role(static_cast<EntryKind>(key.kind));
     // Before queueing: naming the wait event can raise an error.
@@ -584,7 +579,7 @@ int64 lock_take(const RegistryKey& key, int64 ttl, core::Micros wait_us, const H
         }
     }
     if (token == 0 && ttl == 0 && !call.already_mine) {
-        forget_session_lock();  // not had: nothing to release at exit
+        forget_session_lock(key);  // not had: nothing to release at exit
     }
     if (token != 0 && ttl > 0 && static_cast<EntryKind>(key.kind) == EntryKind::kLock) {
         make_grant_durable(key, token, record);
@@ -601,7 +596,7 @@ bool lock_release(const RegistryKey& key, int64 token) {
         write_release(call.record, true);
     }
     if (call.done && call.is_session_lock) {
-        forget_session_lock();
+        forget_session_lock(key);
     }
     return call.done;
 }
