@@ -15,13 +15,14 @@ which path a call took.
 """
 import os
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from pgconn import connect, one as row, sql_error  # noqa: E402
 from tap import Tap  # noqa: E402
 
-t = Tap(14)
+t = Tap(16)
 RUN = str(time.time_ns())  # names of this run's own: the registry outlives a run
 a = connect()
 b = connect()
@@ -85,4 +86,40 @@ t.is_(one(b, "SELECT count(*) FROM throttle.locks WHERE name = ANY (%s)",
       "DISCARD ALL releases the three the session held")
 t.is_(one(b, "SELECT holder_pid = pg_backend_pid() FROM throttle.locks WHERE name = %s", (NAMES[1],)),
       True, "and leaves the name another session took since")
+
+# The anchor appears while a call's look-up runs: the schema is renamed and
+# a new one with the anchor created while the call sleeps, after its
+# statement was parsed, so the look-up meets the invalidation halfway (the
+# schema's old oid from the cache, then pg_class read afresh). The answer of
+# that look-up must not be kept. (The session's first call: nothing is kept
+# yet, so the racing call looks up.) In a database of its own: the extension's
+# schema is renamed.
+a.close()
+b.close()
+admin = connect()
+admin.cursor().execute("DROP DATABASE IF EXISTS call_caches_race")
+admin.cursor().execute("CREATE DATABASE call_caches_race")
+a, b = connect(dbname="call_caches_race"), connect(dbname="call_caches_race")
+a.cursor().execute("CREATE EXTENSION pg_throttle")
+
+
+def move():
+    time.sleep(1)
+    b.cursor().execute("ALTER SCHEMA throttle RENAME TO throttle_old; CREATE SCHEMA throttle;"
+                       " CREATE TABLE throttle.key_shard (key text)")
+
+
+mover = threading.Thread(target=move)
+mover.start()
+racing = sql_error(a, f"SELECT pg_sleep(3) IS NULL, throttle.acquire('race-{RUN}', '1 microsecond')")
+mover.join()
+ACQUIRE = f"SELECT throttle_old.acquire('call-caches-{RUN}', '1 microsecond')"
+fresh = connect(dbname="call_caches_race")
+t.is_((path_of(a), path_of(fresh)), ("distributed", "distributed"),
+      "the anchor created during a call's look-up: the next call sees it, as a new session does")
+t.is_(path_of(a), "distributed", "and the call after it")
+for conn in (a, b, fresh):
+    conn.close()
+admin.cursor().execute("DROP DATABASE call_caches_race")
+admin.close()
 t.done()

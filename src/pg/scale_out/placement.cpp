@@ -71,13 +71,17 @@ LastPlacement last{InvalidOid, false, false, {}, InvalidOid, 0, {}, kNeverMoved}
 // (any relation or schema created, renamed or dropped, here or by another
 // session, committed or rolled back) makes the next call look again; the
 // invalidation reaches this backend when the catalog caches it would have
-// searched learn of it.
+// searched learn of it. The look-up itself may take in an invalidation (its
+// first catalog read locks pg_class): an answer is kept only when no
+// invalidation came during the look-up that made it, else it looks again.
 enum class Distributed : uint8 { kUnknown, kNo, kYes };
 Distributed distributed = Distributed::kUnknown;
+uint64 invalidations = 0;
 bool invalidation_registered = false;
 
 void forget_distributed(Datum /*arg*/, int /*cache_id*/, uint32 /*hash_value*/) {
     distributed = Distributed::kUnknown;
+    ++invalidations;
 }
 
 bool database_distributed() {
@@ -86,10 +90,13 @@ bool database_distributed() {
         CacheRegisterSyscacheCallback(NAMESPACENAME, forget_distributed, static_cast<Datum>(0));
         invalidation_registered = true;
     }
-    if (distributed == Distributed::kUnknown) {
+    while (distributed == Distributed::kUnknown) {
+        const uint64 before = invalidations;
         const Oid schema = get_namespace_oid(kSchema, true);
         const bool found = OidIsValid(schema) && OidIsValid(get_relname_relid(kAnchor, schema));
-        distributed = found ? Distributed::kYes : Distributed::kNo;
+        if (invalidations == before) {
+            distributed = found ? Distributed::kYes : Distributed::kNo;
+        }
     }
     return distributed == Distributed::kYes;
 }
