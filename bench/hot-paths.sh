@@ -2,7 +2,7 @@
 # The hot paths against SELECT 1, the SQL recipes and Redis (part of make
 # bench; make bench-hot runs it alone): pgbench (prepared protocol) over each
 # contender of contenders.txt in interleaved rounds, the median round of each,
-# its ratio to SELECT 1 checked against the last run's (ratio_check.py), then
+# its ratio to SELECT 1 checked against the last runs (ratio_check.py), then
 # one client's latency of a pair of calls. Runs inside the cluster
 # bench/run.sh starts.   BENCH_SECONDS (5)  BENCH_ROUNDS (3)  BENCH_CLIENTS (8)
 set -euo pipefail
@@ -53,7 +53,7 @@ grep -v '^#' contenders.txt | while read -r script _; do
     m=$(median "$out/$script")
     printf '%s\t%.0f\t%.3f\n' "$script" "$m" "$(echo "$m / $base" | bc -l)"
 done >>"$out/hot_paths.tsv"
-/usr/bin/python3 ratio_check.py "$out/hot_paths.tsv" results/hot_paths.tsv
+/usr/bin/python3 ratio_check.py "$out/hot_paths.tsv" results
 echo
 echo "Redis $(redis-server --version | sed -n 's/.*v=\([0-9.]*\).*/\1/p'): redis-benchmark, $CLIENTS clients (one event loop), no pipelining," \
     "loopback TCP, like pgbench; $redis_keys keys preloaded, $redis_bytes_per_key bytes of used_memory per key."

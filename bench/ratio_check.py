@@ -1,18 +1,23 @@
 #!/usr/bin/python3
-"""make bench's guard on the hot paths: flags each ratio to SELECT 1 that
-dropped since the last run kept in bench/results/hot_paths.tsv (more than the
-tolerance, 10 % by default: rounds on a shared 2-core machine vary by about
-5 %), and each target the run misses; then keeps this run as the new baseline.
+"""make bench's guard on the hot paths: flags each ratio to SELECT 1 that is
+more than the tolerance (10 % by default: rounds on a shared 2-core machine
+vary by about 5 %) below its best of the last five runs, and each target the
+run misses. The runs are kept in bench/results/hot_paths_history.tsv (date,
+script, ratio), so that a ratio that slips a little at every run is flagged
+too, and a flagged run does not become the measure of the next; the last
+run's table is bench/results/hot_paths.tsv.
 
-    ratio_check.py NEW.tsv BASELINE.tsv [TOLERANCE]
+    ratio_check.py NEW.tsv RESULTS_DIR [TOLERANCE]
 
-Both files: script, median tps, ratio to SELECT 1 (tab-separated, with a
-header). Prints one line per flag and a last line "N ratios flagged".
+NEW.tsv: script, median tps, ratio to SELECT 1 (tab-separated, a header).
+Prints one line per flag and a last line "N ratios flagged".
 """
+import datetime
 import os
 import shutil
 import sys
 
+RUNS = 5
 # (script, what it is measured against, the least ratio it must reach)
 TARGETS = [
     ("acquire_hot_granted", "select1", 0.95),
@@ -31,24 +36,37 @@ def read(path):
     return table
 
 
-new_path, baseline_path = sys.argv[1], sys.argv[2]
+new_path, results = sys.argv[1], sys.argv[2]
 tolerance = float(sys.argv[3]) if len(sys.argv) > 3 else 0.10
+history_path = os.path.join(results, "hot_paths_history.tsv")
 new = read(new_path)
+runs = []  # [(date, {script: ratio})], oldest first
+if os.path.exists(history_path):
+    with open(history_path) as f:
+        for line in f:
+            date, script, ratio = line.rstrip("\n").split("\t")
+            if not runs or runs[-1][0] != date:
+                runs.append((date, {}))
+            runs[-1][1][script] = float(ratio)
 flags = 0
-if os.path.exists(baseline_path):
-    old = read(baseline_path)
-    for script, (_, ratio) in new.items():
-        if script in old and ratio < old[script][1] * (1 - tolerance):
-            flags += 1
-            print(f"FLAG {script}: {old[script][1]:.2f} -> {ratio:.2f} x SELECT 1 "
-                  f"(dropped more than {tolerance:.0%} since the last run)")
-else:
-    print(f"no baseline at {baseline_path}: this run becomes it")
+recent = runs[-RUNS:]
+for script, (_, ratio) in new.items():
+    before = [r[script] for _, r in recent if script in r]
+    if before and ratio < max(before) * (1 - tolerance):
+        flags += 1
+        print(f"FLAG {script}: {ratio:.2f} x SELECT 1, best of the last {len(before)} runs "
+              f"{max(before):.2f} (more than {tolerance:.0%} below)")
+if not recent:
+    print(f"no earlier runs in {history_path}: this run starts it")
 for script, against, least in TARGETS:
     if script in new and against in new:
         ratio = new[script][0] / new[against][0]
         if ratio < least:
             flags += 1
             print(f"FLAG {script}: {ratio:.2f} x {against}, the target is {least:.2f}")
-shutil.copyfile(new_path, baseline_path)
+date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")
+with open(history_path, "a") as f:
+    for script, (_, ratio) in new.items():
+        f.write(f"{date}\t{script}\t{ratio:.3f}\n")
+shutil.copyfile(new_path, os.path.join(results, "hot_paths.tsv"))
 print(f"{flags} ratios flagged")

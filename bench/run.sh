@@ -12,9 +12,9 @@
 # bench/queue-bound.sh (what bounds a claim: one worker, with claims in force),
 # bench/status_scan.sh (grants while sessions loop over throttle.status) and
 # bench/scale.sh (1 000 000 live keys: memory per entry and throughput).
-# Each ratio to SELECT 1 is compared with the last run's, kept in
-# bench/results/hot_paths.tsv (bench/ratio_check.py): a drop of more than 10 %
-# and a missed target are flagged.
+# Each hot-path ratio to SELECT 1 is compared with its best of the last five
+# runs, kept in bench/results/hot_paths_history.tsv (bench/ratio_check.py): a
+# drop of more than 10 % and a missed target are flagged.
 set -euo pipefail
 source "$(dirname "$0")/../scripts/lib.sh"
 
