@@ -38,6 +38,7 @@ def read(path):
 
 new_path, results = sys.argv[1], sys.argv[2]
 tolerance = float(sys.argv[3]) if len(sys.argv) > 3 else 0.10
+os.makedirs(results, exist_ok=True)
 history_path = os.path.join(results, "hot_paths_history.tsv")
 new = read(new_path)
 runs = []  # [(date, {script: ratio})], oldest first
