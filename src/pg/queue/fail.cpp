@@ -22,14 +22,11 @@
 #include "pg/boundary.hpp"
 #include "pg/clock.hpp"
 #include "pg/kept_plan.hpp"
+#include "pg/queue/subtransaction.hpp"
 #include "pg/queue/claim_end.hpp"
 #include "pg/queue/claim_lock.hpp"
 #include "pg/queue/event_rows.hpp"
 #include "pg/registry.hpp"
-
-extern "C" {
-#include "utils/resowner.h"
-}
 
 namespace pg_throttle::pg {
 namespace {
@@ -140,47 +137,44 @@ void check_retry_in(FunctionCallInfo fcinfo) {
     }
 }
 
+// Step 2, run in a subtransaction (subtransaction.hpp).
+struct FailEvents {
+    const Datum* args;
+    const char* nulls;
+    bool may_retry;
+};
+
+bool fail_events_step(void* arg) {
+    const auto* call = static_cast<const FailEvents*>(arg);
+    run_kept_plan(&fail_events, call->args, call->nulls, SPI_OK_SELECT);
+    return true;
+}
+
+// A newer run of an item_key that committed meanwhile: given up, to be
+// tried again, when `may_retry` (40001 under a transaction snapshot).
+bool newer_run_committed(const ErrorData* error, void* arg) {
+    const bool newer_run = error->sqlerrcode == ERRCODE_UNIQUE_VIOLATION &&
+                           error->constraint_name != nullptr &&
+                           std::strcmp(error->constraint_name, "event_pending_key") == 0;
+    if (!newer_run || !static_cast<const FailEvents*>(arg)->may_retry) {
+        return false;
+    }
+    if (IsolationUsesXactSnapshot()) {
+        ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+                        errmsg("a newer run of an item_key was scheduled concurrently"),
+                        errhint("Retry the transaction.")));
+    }
+    return true;
+}
+
 // Runs step 2 in a subtransaction, as a PL/pgSQL block with an exception
 // handler would. Returns false, the subtransaction rolled back, when a
 // newer run of an item_key committed meanwhile and `may_retry`; raises
 // every other error (40001 for that one under a transaction snapshot).
 // The rows are in SPI_tuptable when it returns true.
 bool run_fail_events(const Datum* args, const char* nulls, bool may_retry) {
-    MemoryContext caller_context = CurrentMemoryContext;
-    ResourceOwner caller_owner = CurrentResourceOwner;
-    BeginInternalSubTransaction(nullptr);
-    MemoryContextSwitchTo(caller_context);
-    volatile bool ran = true;
-    PG_TRY();
-    {
-        run_kept_plan(&fail_events, args, nulls, SPI_OK_SELECT);
-        ReleaseCurrentSubTransaction();
-        MemoryContextSwitchTo(caller_context);
-        CurrentResourceOwner = caller_owner;
-    }
-    PG_CATCH();
-    {
-        MemoryContextSwitchTo(caller_context);
-        ErrorData* error = CopyErrorData();
-        FlushErrorState();
-        RollbackAndReleaseCurrentSubTransaction();
-        MemoryContextSwitchTo(caller_context);
-        CurrentResourceOwner = caller_owner;
-        const bool newer_run = error->sqlerrcode == ERRCODE_UNIQUE_VIOLATION &&
-                               error->constraint_name != nullptr &&
-                               std::strcmp(error->constraint_name, "event_pending_key") == 0;
-        if (!newer_run || !may_retry) {
-            ReThrowError(error);
-        }
-        if (IsolationUsesXactSnapshot()) {
-            ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-                            errmsg("a newer run of an item_key was scheduled concurrently"),
-                            errhint("Retry the transaction.")));
-        }
-        ran = false;
-    }
-    PG_END_TRY();
-    return ran;
+    FailEvents call{args, nulls, may_retry};
+    return run_in_subtransaction(fail_events_step, &call, newer_run_committed);
 }
 
 // (ids bigint[], token bigint, error text, retry_in interval) -> integer,

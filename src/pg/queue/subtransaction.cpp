@@ -8,12 +8,14 @@ extern "C" {
 
 namespace pg_throttle::pg {
 
-bool run_in_subtransaction(bool (*step)(void* arg), void* arg) {
+bool run_in_subtransaction(bool (*step)(void* arg), void* arg,
+                           bool (*absorb)(const ErrorData* error, void* arg)) {
     MemoryContext caller_context = CurrentMemoryContext;
     ResourceOwner caller_owner = CurrentResourceOwner;
     BeginInternalSubTransaction(nullptr);
     MemoryContextSwitchTo(caller_context);
     volatile bool keep = false;
+    volatile bool absorbed = false;
     PG_TRY();
     { keep = step(arg); }
     PG_CATCH();
@@ -27,9 +29,16 @@ bool run_in_subtransaction(bool (*step)(void* arg), void* arg) {
         RollbackAndReleaseCurrentSubTransaction();
         MemoryContextSwitchTo(caller_context);
         CurrentResourceOwner = caller_owner;
-        ReThrowError(error);
+        if (absorb == nullptr || !absorb(error, arg)) {
+            ReThrowError(error);
+        }
+        FreeErrorData(error);
+        absorbed = true;
     }
     PG_END_TRY();
+    if (absorbed) {
+        return false;  // rolled back in PG_CATCH
+    }
     if (keep) {
         ReleaseCurrentSubTransaction();
     } else {

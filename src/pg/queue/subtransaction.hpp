@@ -17,6 +17,10 @@ namespace pg_throttle::pg {
 // SPI inside the caller's SPI_connect (their SPI_tuptable is freed at a
 // rollback). It keeps only trivially destructible objects alive where it
 // may raise (PG_TRY is a sigsetjmp).
-bool run_in_subtransaction(bool (*step)(void* arg), void* arg);
+// When `absorb` is given and answers true for the error the step raised,
+// the error is dropped and the call returns false, rolled back, instead of
+// raising it; `absorb` may raise an error of its own.
+bool run_in_subtransaction(bool (*step)(void* arg), void* arg,
+                           bool (*absorb)(const ErrorData* error, void* arg) = nullptr);
 
 }  // namespace pg_throttle::pg
