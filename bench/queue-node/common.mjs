@@ -46,3 +46,27 @@ export const quantile = (xs, q) => {
 
 // 12345.6 -> "12 346"
 export const fmt = (x) => Math.round(x).toLocaleString("en-US").replace(/,/g, " ");
+
+// Wakes the idle workers of one contender when its channel is notified; a
+// worker that hears nothing claims again after `ms` all the same.
+export async function listener(channel, application_name) {
+  const client = await connect(application_name);
+  let waiters = [];
+  client.on("notification", () => {
+    const woken = waiters;
+    waiters = [];
+    for (const wake of woken) wake();
+  });
+  await client.query(`LISTEN ${channel}`);
+  return {
+    wait: (ms) =>
+      new Promise((resolve) => {
+        const timer = setTimeout(resolve, ms);
+        waiters.push(() => {
+          clearTimeout(timer);
+          resolve();
+        });
+      }),
+    end: () => client.end(),
+  };
+}

@@ -49,7 +49,7 @@
 import pg from "pg";
 import { makeWorkerUtils, run as graphileRun, runMigrations } from "graphile-worker";
 import { PgBoss } from "pg-boss";
-import { connect, connection, fmt, median, quantile, silent, sleep, url } from "./common.mjs";
+import { connect, connection, fmt, listener, median, quantile, silent, sleep, url } from "./common.mjs";
 
 const env = process.env;
 const setting = (name, fallback) => {
@@ -75,29 +75,6 @@ const admin = await connect(HARNESS);
 const q = (text, values) => admin.query(text, values);
 await q("CREATE EXTENSION IF NOT EXISTS pg_throttle");
 
-// Wakes the idle workers of one contender when its channel is notified; a
-// worker that hears nothing claims again after `ms` all the same.
-async function listener(channel, application_name) {
-  const client = await connect(application_name);
-  let waiters = [];
-  client.on("notification", () => {
-    const woken = waiters;
-    waiters = [];
-    for (const wake of woken) wake();
-  });
-  await client.query(`LISTEN ${channel}`);
-  return {
-    wait: (ms) =>
-      new Promise((resolve) => {
-        const timer = setTimeout(resolve, ms);
-        waiters.push(() => {
-          clearTimeout(timer);
-          resolve();
-        });
-      }),
-    end: () => client.end(),
-  };
-}
 
 // Every table of a schema: heap, indexes and TOAST (partitions included).
 async function schemaBytes(schema) {

@@ -33,7 +33,7 @@
 //   BENCH_SUSTAINED_RECIPE (0)
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { connect, fmt, quantile, sleep } from "./common.mjs";
+import { connect, fmt, listener, quantile, sleep } from "./common.mjs";
 
 const env = process.env;
 const setting = (name, fallback) => {
@@ -63,28 +63,6 @@ const q = (text, values) => admin.query(text, values);
 await q("CREATE EXTENSION IF NOT EXISTS pg_throttle");
 await q("SET client_min_messages = warning");
 
-// Wakes idle workers on the contender's NOTIFY; they claim again after `ms` all the same.
-async function listener(channel) {
-  const client = await connect("sustained");
-  let waiters = [];
-  client.on("notification", () => {
-    const woken = waiters;
-    waiters = [];
-    for (const wake of woken) wake();
-  });
-  await client.query(`LISTEN ${channel}`);
-  return {
-    wait: (ms) =>
-      new Promise((resolve) => {
-        const timer = setTimeout(resolve, ms);
-        waiters.push(() => {
-          clearTimeout(timer);
-          resolve();
-        });
-      }),
-    end: () => client.end(),
-  };
-}
 
 // ---- the contenders -------------------------------------------------------------
 // claim(client, worker) returns { job, waitMs } or null; finish(client, job).
@@ -220,7 +198,7 @@ async function sustain(contender, rate) {
   await contender.reset();
   const file = join(OUT, `${contender.name}.csv`);
   writeFileSync(file, columns(contender).join(",") + "\n");
-  const wake = await listener(contender.channel);
+  const wake = await listener(contender.channel, "sustained");
   const enqueuer = await connect("sustained");
   const clients = await Promise.all(Array.from({ length: WORKERS }, () => connect("sustained")));
   const started = performance.now();
