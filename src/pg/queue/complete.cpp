@@ -2,9 +2,11 @@
 // `token` still holds, natively (kept plans, kept_plan.hpp), and moves them
 // to throttle.event_history.
 //
-//  1. Locks the claim's events (claim_lock.hpp).
-//  2. Moves them to throttle.event_history, done, if the caller may act for
-//     the claim's role.
+//  1. Events without a group_key (claims of throttle.claim): one statement
+//     locks them, checks the caller may act for the claim's role and moves
+//     them, done (move_done_ungrouped).
+//  2. The rest, events of group claims: locked with the other events of
+//     their claims (claim_lock.hpp), then moved the same way.
 //  3. NOTIFYs the due runs scheduled for the finished events' item_keys
 //     while they ran (found by the move itself); releases, at commit, the
 //     leases of group claims with nothing left claimed, and NOTIFYs the due
@@ -30,27 +32,47 @@ namespace {
 // statements after it need comes back from it: none of them reads the
 // history, whose statistics (an empty table before a drain) could give
 // their kept plans a scan of the whole table.
-KeptPlan move_done{
-    "WITH done AS ("
-    "  DELETE FROM throttle.event e"
-    "  WHERE e.id = ANY ($1) AND upper(e.state) = 'CLAIMED' AND e.claim_token = $2"
-    "    AND throttle._acts_as(e.claimed_role)"
-    "  RETURNING e.*)"
-    " INSERT INTO throttle.event_history"
-    " SELECT d.id, d.queue, d.item_key, d.group_key, d.payload, d.run_at, 'done', d.attempts,"
-    "        d.max_attempts, d.enqueued_at, d.enqueued_by, d.claimed_at, d.claimed_by,"
-    "        d.claim_token, NULL, $3, d.claimed_by, d.cancelled_at, d.last_error,"
-    "        d.claimed_role, d.priority, d.failed_at, d.cancelled_by, d.concurrency_key"
-    " FROM done d"
-    " RETURNING id, queue, item_key, group_key, concurrency_key,"
-    // The due pending run of the item_key, scheduled while the event ran
-    // (event_pending_key; the claimed row is not pending): the end lets it go.
-    "   (SELECT u.id FROM throttle.event u"
-    "    WHERE u.queue = event_history.queue AND u.item_key = event_history.item_key"
-    "      AND u.state = 'pending' AND u.run_at <= $4 LIMIT 1)",
-    4,
-    {INT8ARRAYOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID},
+#define MOVE_DONE(condition) \
+    "WITH done AS ("                                                                         \
+    "  DELETE FROM throttle.event e"                                                         \
+    "  WHERE e.id = ANY ($1) AND upper(e.state) = 'CLAIMED' AND e.claim_token = $2" condition \
+    "    AND throttle._acts_as(e.claimed_role)"                                              \
+    "  RETURNING e.*)"                                                                       \
+    " INSERT INTO throttle.event_history"                                                    \
+    " SELECT d.id, d.queue, d.item_key, d.group_key, d.payload, d.run_at, 'done', d.attempts," \
+    "        d.max_attempts, d.enqueued_at, d.enqueued_by, d.claimed_at, d.claimed_by,"     \
+    "        d.claim_token, NULL, $3, d.claimed_by, d.cancelled_at, d.last_error,"           \
+    "        d.claimed_role, d.priority, d.failed_at, d.cancelled_by, d.concurrency_key"     \
+    " FROM done d"                                                                           \
+    " RETURNING id, queue, item_key, group_key, concurrency_key,"                            \
+    /* The pending run of the item_key, scheduled while the event ran        */             \
+    /* (event_pending_key; the claimed row is not pending): the end lets it go. */           \
+    "   (SELECT u.id FROM throttle.event u"                                                  \
+    "    WHERE u.queue = event_history.queue AND u.item_key = event_history.item_key"        \
+    "      AND u.state = 'pending' LIMIT 1)"
+
+// After the events are locked (claim_lock.hpp).
+KeptPlan move_done{MOVE_DONE(""), 3, {INT8ARRAYOID, INT8OID, TIMESTAMPTZOID}, nullptr};
+
+// The lean path, first: the events of a claim of throttle.claim (no
+// group_key) need no lock but their own, which the DELETE takes in id order
+// (a scan of the primary key by = ANY), the order lock_claim_events keeps.
+// The events of a group claim are left to move_done.
+KeptPlan move_done_ungrouped{
+    MOVE_DONE(" AND e.group_key IS NULL"), 3, {INT8ARRAYOID, INT8OID, TIMESTAMPTZOID}, nullptr};
+
+// Of the pending runs $1 that the moves found, those due at $2: the clock
+// read after the moves, so that a run that came due while a move waited for
+// a lock is NOTIFYed too.
+KeptPlan due_successors{
+    "SELECT queue, id FROM throttle.event"
+    " WHERE id = ANY ($1) AND upper(state) = 'PENDING' AND run_at <= $2",
+    2,
+    {INT8ARRAYOID, TIMESTAMPTZOID},
     nullptr};
+
+#undef MOVE_DONE
+
 enum DoneColumn : int {
     kQueue = 2,
     kItemKey = 3,
@@ -59,17 +81,52 @@ enum DoneColumn : int {
     kSuccessor = 6
 };
 
-// NOTIFYs, on its queue's channel, the successor of each moved event that
-// has one.
+// NOTIFYs, on its queue's channel, the pending run of each moved event's
+// item_key that is due. Replaces SPI_tuptable.
 void notify_item_key_successors() {
+    Datum* successors = static_cast<Datum*>(palloc(sizeof(Datum) * SPI_processed));
+    int count = 0;
     for (uint64 i = 0; i < SPI_processed; ++i) {
         bool is_null = true;
         const Datum successor =
             SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, kSuccessor, &is_null);
         if (!is_null) {
-            notify_event(SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, kQueue),
-                         DatumGetInt64(successor));
+            successors[count++] = successor;
         }
+    }
+    if (count == 0) {
+        return;
+    }
+    Datum args[2] = {PointerGetDatum(ids_array(successors, count)),
+                     TimestampTzGetDatum(clock_now())};
+    run_kept_plan(&due_successors, args, nullptr, SPI_OK_SELECT);
+    for (uint64 i = 0; i < SPI_processed; ++i) {
+        bool is_null = true;
+        notify_event(SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1),
+                     DatumGetInt64(
+                         SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &is_null)));
+    }
+}
+
+// What follows the move of the events in SPI_tuptable (a result of
+// MOVE_DONE) out of the claim `token`.
+void end_moved(Datum token) {
+    if (SPI_processed == 0) {
+        return;
+    }
+    const bool grouped = spi_any_not_null(kGroupKey);
+    const bool keyed = spi_any_not_null(kConcurrencyKey);
+    // Every column is read before the next statement replaces SPI_tuptable.
+    const Datum queues = PointerGetDatum(spi_column(kQueue, TEXTOID));
+    const Datum group_keys = grouped ? PointerGetDatum(spi_column(kGroupKey, TEXTOID)) : 0;
+    const Datum concurrency_keys =
+        keyed ? PointerGetDatum(spi_column(kConcurrencyKey, TEXTOID)) : 0;
+    notify_item_key_successors();
+    if (grouped) {
+        release_emptied_groups(queues, group_keys, token);
+    }
+    if (keyed) {
+        notify_key_waiters(queues, concurrency_keys);
     }
 }
 
@@ -86,27 +143,17 @@ Datum complete(FunctionCallInfo fcinfo) {
         elog(ERROR, "SPI_connect failed");
     }
     const Datum now = TimestampTzGetDatum(clock_now());
-    lock_claim_events(ids, token);
-    // "Due" as of after the lock waits: a successor that came due while this
-    // call waited is NOTIFYed too.
-    Datum done_args[4] = {ids, token, now, TimestampTzGetDatum(clock_now())};
-    run_kept_plan(&move_done, done_args, nullptr, SPI_OK_INSERT_RETURNING);
-    const uint64 completed = SPI_processed;
-    const bool grouped = spi_any_not_null(kGroupKey);
-    const bool keyed = spi_any_not_null(kConcurrencyKey);
-    if (completed > 0) {
-        // Every column is read before the next statement replaces SPI_tuptable.
-        const Datum queues = PointerGetDatum(spi_column(kQueue, TEXTOID));
-        const Datum group_keys = grouped ? PointerGetDatum(spi_column(kGroupKey, TEXTOID)) : 0;
-        const Datum concurrency_keys =
-            keyed ? PointerGetDatum(spi_column(kConcurrencyKey, TEXTOID)) : 0;
-        notify_item_key_successors();
-        if (grouped) {
-            release_emptied_groups(queues, group_keys, token);
-        }
-        if (keyed) {
-            notify_key_waiters(queues, concurrency_keys);
-        }
+    Datum done_args[3] = {ids, token, now};
+    run_kept_plan(&move_done_ungrouped, done_args, nullptr, SPI_OK_INSERT_RETURNING);
+    uint64 completed = SPI_processed;
+    end_moved(token);
+    const ArrayType* given = DatumGetArrayTypeP(ids);
+    if (completed < static_cast<uint64>(ArrayGetNItems(ARR_NDIM(given), ARR_DIMS(given)))) {
+        // Grouped events (or ids of no event of the claim).
+        lock_claim_events(ids, token);
+        run_kept_plan(&move_done, done_args, nullptr, SPI_OK_INSERT_RETURNING);
+        completed += SPI_processed;
+        end_moved(token);
     }
     SPI_finish();
     PG_RETURN_INT32(static_cast<int32>(completed));
