@@ -13,16 +13,13 @@ KeptPlan bucket_query{
 
 // A queue's bucket and its groups' in one row (NULLs for what is not
 // declared): one statement per claim.
-KeptPlan queue_buckets_query{
-    "SELECT qb.rate, qb.per, qb.burst, qb.name, gb.rate, gb.per, gb.burst"
-    " FROM (SELECT $1::text AS queue) x"
-    " LEFT JOIN (throttle.queue_bucket q JOIN throttle.bucket qb ON qb.name = q.bucket)"
-    "   ON q.queue = x.queue"
-    " LEFT JOIN (throttle.group_bucket g JOIN throttle.bucket gb ON gb.name = g.bucket)"
-    "   ON g.queue = x.queue",
-    1,
-    {TEXTOID},
-    nullptr};
+KeptPlan queue_buckets_query{"SELECT " PG_THROTTLE_QUEUE_BUCKET_COLUMNS
+                             ", gb.rate, gb.per, gb.burst" PG_THROTTLE_QUEUE_BUCKET_FROM
+                             " LEFT JOIN (throttle.group_bucket g JOIN throttle.bucket gb"
+                             "            ON gb.name = g.bucket) ON g.queue = x.queue",
+                             1,
+                             {TEXTOID},
+                             nullptr};
 
 // Runs `query` for `name`; on the row found, `extract` copies what it needs
 // before SPI memory goes away. Returns whether a row was found.
@@ -70,16 +67,13 @@ void extract_bucket(HeapTuple row, TupleDesc desc, void* ctx) {
 
 void extract_queue_buckets(HeapTuple row, TupleDesc desc, void* ctx) {
     auto* found = static_cast<QueueBuckets*>(ctx);
-    found->queue_limited = extract_shape(row, desc, 1, &found->queue_bucket);
-    found->groups_limited = extract_shape(row, desc, 5, &found->group_bucket);
+    text* name = nullptr;
+    found->queue_limited = queue_bucket_in_row(row, desc, 1, &found->queue_bucket, &name);
     if (found->queue_limited) {
-        bool is_null = false;
-        const text* name = DatumGetTextPP(SPI_getbinval(row, desc, 4, &is_null));
-        const size_t size = VARSIZE_ANY_EXHDR(name) + VARHDRSZ;
-        found->queue_bucket_name = static_cast<text*>(SPI_palloc(size));  // outlives SPI
-        SET_VARSIZE(found->queue_bucket_name, size);
-        memcpy(VARDATA(found->queue_bucket_name), VARDATA_ANY(name), size - VARHDRSZ);
+        found->queue_bucket_name = static_cast<text*>(SPI_palloc(VARSIZE(name)));  // outlives SPI
+        memcpy(found->queue_bucket_name, name, VARSIZE(name));
     }
+    found->groups_limited = extract_shape(row, desc, 5, &found->group_bucket);
 }
 
 [[noreturn]] void raise_undeclared(const char* what, const text* name, const char* hint) {
@@ -90,6 +84,16 @@ void extract_queue_buckets(HeapTuple row, TupleDesc desc, void* ctx) {
 }
 
 }  // namespace
+
+bool queue_bucket_in_row(HeapTuple row, TupleDesc desc, int first, DeclaredBucket* bucket,
+                         text** name) {
+    if (!extract_shape(row, desc, first, bucket)) {
+        return false;
+    }
+    bool is_null = false;
+    *name = DatumGetTextPCopy(SPI_getbinval(row, desc, first + 3, &is_null));
+    return true;
+}
 
 Interval declared_resource_interval(const text* resource) {
     Interval every{};

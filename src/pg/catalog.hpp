@@ -32,4 +32,19 @@ struct QueueBuckets {
 };
 QueueBuckets queue_buckets(const text* queue);
 
+// A queue's own bucket read by a statement with other things: its columns
+// (rate, per, burst, name; NULLs when the queue has none) and the FROM clause
+// that finds them for the queue $1.
+#define PG_THROTTLE_QUEUE_BUCKET_COLUMNS "qb.rate, qb.per, qb.burst, qb.name"
+#define PG_THROTTLE_QUEUE_BUCKET_FROM                             \
+    " FROM (SELECT $1::text AS queue) x"                          \
+    " LEFT JOIN (throttle.queue_bucket q JOIN throttle.bucket qb" \
+    "            ON qb.name = q.bucket) ON q.queue = x.queue"
+
+// The queue's bucket in PG_THROTTLE_QUEUE_BUCKET_COLUMNS at column `first`
+// of `row`: false when the queue has none; else its shape and its name (in
+// the current memory context).
+bool queue_bucket_in_row(HeapTuple row, TupleDesc desc, int first, DeclaredBucket* bucket,
+                         text** name);
+
 }  // namespace pg_throttle::pg

@@ -214,6 +214,12 @@ def fill_030(conn):
                   " FROM unnest(ARRAY['o1', 'o2']) k")
     execute(conn, "SELECT throttle.schedule('strict', k, now() - interval '1 minute', group_key => 's1')"
                   " FROM unnest(ARRAY['s1', 's2']) k")
+    # 0.3.0's release_group left an event pending on its last attempt
+    # (0.4.0 makes it dead): the update makes such leftovers dead.
+    execute(conn, "SELECT throttle.schedule('leftover', 'spent', now() - interval '1 minute',"
+                  " group_key => 'g', max_attempts => 1)")
+    one(conn, "SELECT count(*) FROM throttle.claim_group('leftover', 'worker-5', '1 hour')")
+    execute(conn, "SELECT throttle.release_group('leftover', 'g')")
     claims = {}
     for name, call in [("held", "throttle.claim('mail', 'worker-2', '1 hour')"),
                        ("group", "throttle.claim_group('orders', 'worker-3', '1 hour')"),
@@ -238,7 +244,7 @@ def catalog_difference(updated_conn, fresh_conn):
 
 
 def main():
-    tap = Tap(39)
+    tap = Tap(41)
     admin = connect()
     for db in (OLD_DB, FRESH_DB, MID_DB, MID_FRESH_DB, LAST_DB, LAST_FRESH_DB):
         recreate(admin, db)
@@ -440,9 +446,14 @@ def from_030(tap, admin, claims, before):
     tap.is_(one(last, "SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle'")[0],
             one(admin, "SELECT default_version FROM pg_available_extensions WHERE name = 'pg_throttle'")[0],
             "from 0.3.0, ALTER EXTENSION pg_throttle UPDATE reaches the current version")
+    spent = ("pending", "spent", 1, "worker-5")
+    tap.ok(spent in before, "0.3.0 left an event pending with its attempts used up", before)
     with last.cursor() as cur:
         cur.execute(STATES_UPDATED)
-        tap.is_(cur.fetchall(), before, "from 0.3.0, every event is as it was")
+        tap.is_(cur.fetchall(), [("dead",) + row[1:] if row == spent else row for row in before],
+                "from 0.3.0, every event is as it was, but the one left pending without attempts is dead")
+    tap.is_(one(last, "SELECT state, last_error FROM throttle.event WHERE queue = 'leftover'"),
+            ("dead", "lease expired 1 times"), "it died as its next claim would have made it")
     fresh = connect(dbname=LAST_FRESH_DB)
     execute(fresh, "CREATE EXTENSION pg_throttle")
     same, count, difference = catalog_difference(last, fresh)

@@ -5,11 +5,17 @@
 //
 // The steps, in one snapshot each and never waiting for a row another
 // transaction holds (SKIP LOCKED):
-//  0. the highest priority of the pending events, and the concurrency keys
-//     that the snapshot shows full, in one statement;
+//  0. the highest priority of the pending events, whether any claim (of
+//     either claimer) expired, whether the queue has pending events with a
+//     concurrency_key, and its bucket, in one statement;
 //  -  when an expired claim of claim_group holds back a due event without a
 //     group_key (a newer run of its item_key), that claim ended first
 //     (blocking_claims.hpp);
+//  -  the lean path, for a queue with no concurrency_key pending, no bucket
+//     and no expired claim of its own: one statement per priority finds,
+//     locks and marks the due events (claim_due_lean), and that is the
+//     claim; else
+//  -  the concurrency keys that the snapshot shows full;
 //  1. claims whose lease expired, oldest lease first;
 //  2. due pending events, one priority at a time from the highest (a skip
 //     scan along event_due_single: within a priority run_at <= now bounds
@@ -33,6 +39,7 @@
 #include "pg/standby.hpp"
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
+#include "pg/catalog.hpp"
 #include "pg/clock.hpp"
 #include "pg/kept_plan.hpp"
 #include "pg/queue/blocking_claims.hpp"
@@ -71,7 +78,7 @@ KeptPlan expired_claims{
     nullptr};
 
 // What a claim reads first: the highest priority of the pending ungrouped
-// events, and the keys the snapshot shows full. The priority is found by a
+// events. It is found by a
 // backward scan of event_due_single (ORDER BY ... DESC LIMIT 1 keeps the
 // generic plan on it whatever the statistics said): it starts at the newest
 // events of the highest priority, not at the oldest, where claims leave dead
@@ -84,23 +91,48 @@ KeptPlan expired_claims{
 // And whether any ungrouped claim's lease has ended (a probe of
 // event_leases_single): step 1's scan runs only then, one statement fewer
 // for a claim that finds none.
-#define ANY_EXPIRED_CLAIM                                                        \
+#define ANY_EXPIRED_CLAIM(grouped)                                               \
     "EXISTS (SELECT 1 FROM throttle.event e"                                     \
     "        WHERE e.queue = $1 AND e.state = 'claimed' AND e.lease_until <= $2" \
-    "          AND e.group_key IS NULL)"
+    "          AND e.group_key " grouped ")"
 
-// And whether an expired claim of claim_group holds back a due event
-// without a group_key (blocking_claims.hpp): ended only then.
-KeptPlan claim_start{"SELECT " TOP_PENDING_PRIORITY("") ", " PG_THROTTLE_FULL_CONCURRENCY_KEYS
-                                                        ", " ANY_EXPIRED_CLAIM
-                                                        ", " PG_THROTTLE_ANY_BLOCKING_GROUP_CLAIM,
-                     2,
-                     {TEXTOID, TIMESTAMPTZOID},
-                     nullptr};
+// And whether any claim of claim_group expired (a probe of
+// event_leases_grouped): only then is it asked whether one holds back a due
+// event without a group_key (any_blocking, blocking_claims.hpp).
+// And whether the queue has pending events with a concurrency_key (a probe of
+// event_pending_concurrency): without them, and without a bucket or an
+// expired claim, a claim takes the lean path (claim_due_lean).
+// And the queue's bucket (catalog.hpp): the same statement, not one more.
+#define ANY_KEYED_PENDING                                \
+    "EXISTS (SELECT 1 FROM throttle.event k"             \
+    "        WHERE k.queue = $1 AND k.state = 'pending'" \
+    "          AND k.concurrency_key IS NOT NULL)"
 
+KeptPlan claim_start{
+    "SELECT " TOP_PENDING_PRIORITY("") ", " ANY_EXPIRED_CLAIM("IS NULL") ", " ANY_EXPIRED_CLAIM(
+        "IS NOT NULL") ", " ANY_KEYED_PENDING
+                       ", " PG_THROTTLE_QUEUE_BUCKET_COLUMNS PG_THROTTLE_QUEUE_BUCKET_FROM,
+    2,
+    {TEXTOID, TIMESTAMPTZOID},
+    nullptr};
+
+#undef ANY_KEYED_PENDING
 #undef ANY_EXPIRED_CLAIM
 
-enum StartColumn : int { kTopPriority = 1, kFullKeys = 2, kAnyExpired = 3, kAnyBlocking = 4 };
+enum StartColumn : int {
+    kTopPriority = 1,
+    kAnyExpired = 2,
+    kAnyGroupExpired = 3,
+    kAnyKeyed = 4,
+    kBucket = 5
+};
+
+KeptPlan any_blocking{
+    "SELECT " PG_THROTTLE_ANY_BLOCKING_GROUP_CLAIM, 2, {TEXTOID, TIMESTAMPTZOID}, nullptr};
+
+// The keys the snapshot shows full, for the claims that may meet keys.
+KeptPlan full_keys{
+    "SELECT " PG_THROTTLE_FULL_CONCURRENCY_KEYS, 2, {TEXTOID, TIMESTAMPTZOID}, nullptr};
 
 // The highest priority below $2 (the same backward scan).
 KeptPlan next_priority{
@@ -115,13 +147,15 @@ KeptPlan next_priority{
 // (SELECT ... LIMIT 1) IS NULL it was that too, but counted as true for
 // 0.5 % of rows, which made the plan test every due event and sort them
 // before the LIMIT (keyed claims ran 15 times slower).
-KeptPlan due_events{
-    "SELECT e.id, e.concurrency_key, e.run_at FROM throttle.event e"
-    " WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL"
-    "   AND e.priority = $2 AND e.run_at <= $3"
-    "   AND NOT EXISTS (SELECT 1 FROM throttle.event c"  // event_claimed_key
-    "                   WHERE c.queue = e.queue AND c.item_key = e.item_key"
+#define DUE_AT_LEVEL                                                            \
+    " WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL"       \
+    "   AND e.priority = $2 AND e.run_at <= $3"                                 \
+    "   AND NOT EXISTS (SELECT 1 FROM throttle.event c" /* event_claimed_key */ \
+    "                   WHERE c.queue = e.queue AND c.item_key = e.item_key"    \
     "                     AND c.state = 'claimed' OFFSET 0)"
+
+KeptPlan due_events{
+    "SELECT e.id, e.concurrency_key, e.run_at FROM throttle.event e" DUE_AT_LEVEL
     KEYED_ROWS("$5", "$6")
     "   AND (e.run_at, e.id) > ($7, $8)"
     " ORDER BY e.run_at, e.id LIMIT $4 FOR UPDATE OF e SKIP LOCKED",
@@ -129,6 +163,33 @@ KeptPlan due_events{
     {TEXTOID, INT4OID, TIMESTAMPTZOID, INT4OID, TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID,
      INT8OID},
     nullptr};
+
+// The lean path, for a queue with no concurrency_key pending, no bucket and
+// no expired claim: the due events of one priority are found, locked and
+// marked claimed by one statement. Its plan has the fewest nodes a claim
+// can have (each node costs at every execution, whether it runs or not):
+// the scan of event_due_single locks up to $4 rows (SKIP LOCKED, rechecked
+// on the version it locks), and the UPDATE reaches them by primary key.
+// Only events with attempts left are candidates: no call leaves a pending
+// event without them (the upgrade to 0.4.0 made the ones earlier versions
+// left dead).
+KeptPlan claim_due_lean{
+    "WITH claimed AS ("
+    "  UPDATE throttle.event u"
+    "  SET state = 'claimed', claimed_at = $3, claimed_by = $5, lease_until = $3 + $6,"
+    "      claim_token = $7, claimed_role = $8, attempts = u.attempts + 1"
+    "  WHERE u.id = ANY (ARRAY("
+    "      SELECT e.id FROM throttle.event e" DUE_AT_LEVEL
+    "        AND e.concurrency_key IS NULL AND e.attempts < e.max_attempts"
+    "      ORDER BY e.run_at, e.id LIMIT $4 FOR UPDATE OF e SKIP LOCKED))"
+    "    AND upper(u.state) = 'PENDING'"
+    "  RETURNING u.*)"
+    " SELECT * FROM claimed ORDER BY run_at, id",
+    8,
+    {TEXTOID, INT4OID, TIMESTAMPTZOID, INT4OID, TEXTOID, INTERVALOID, INT8OID, OIDOID},
+    nullptr};
+
+#undef DUE_AT_LEVEL
 
 // A growing list of bigint Datums in the claim's memory context.
 struct Ids {
@@ -223,6 +284,130 @@ bool priority_below(Datum queue, int32 below, int32* level) {
     return true;
 }
 
+// What claim_start read.
+struct Start {
+    bool have_level;  // a pending event without a group_key: the highest priority
+    int32 level;
+    bool expired_found;
+    bool group_expired_found;
+    bool any_keyed;
+    ClaimLimit limit;
+};
+
+Start claim_start_of(Datum queue, Datum now) {
+    Datum args[2] = {queue, now};
+    run_kept_plan(&claim_start, args, nullptr, SPI_OK_SELECT, 1);
+    const HeapTuple row = SPI_tuptable->vals[0];
+    const TupleDesc desc = SPI_tuptable->tupdesc;
+    Start start{};
+    bool is_null = false;
+    const Datum top = SPI_getbinval(row, desc, kTopPriority, &is_null);
+    start.have_level = !is_null;
+    start.level = is_null ? 0 : DatumGetInt32(top);
+    start.expired_found = DatumGetBool(SPI_getbinval(row, desc, kAnyExpired, &is_null));
+    start.group_expired_found = DatumGetBool(SPI_getbinval(row, desc, kAnyGroupExpired, &is_null));
+    start.any_keyed = DatumGetBool(SPI_getbinval(row, desc, kAnyKeyed, &is_null));
+    DeclaredBucket declared{};
+    text* bucket_name = nullptr;
+    const bool limited = queue_bucket_in_row(row, desc, kBucket, &declared, &bucket_name);
+    start.limit = claim_limit_declared(bucket_name, limited ? &declared : nullptr);
+    return start;
+}
+
+// Whether an expired claim of claim_group holds back a due event of `queue`
+// without a group_key.
+bool any_blocking_claim(Datum queue, Datum now) {
+    Datum args[2] = {queue, now};
+    run_kept_plan(&any_blocking, args, nullptr, SPI_OK_SELECT, 1);
+    bool is_null = false;
+    return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
+}
+
+// The lean path of a claim of up to `max` events, from the priority `level`
+// down; the events claimed become the function's result.
+void claim_lean(FunctionCallInfo fcinfo, Datum queue, int32 level, Datum now, int32 max) {
+    const int64 token = new_claim_token();
+    require_durable_commit();
+    Datum args[8] = {queue,
+                     0,
+                     now,
+                     0,
+                     PG_GETARG_DATUM(1),
+                     PG_GETARG_DATUM(2),
+                     Int64GetDatum(token),
+                     ObjectIdGetDatum(GetOuterUserId())};
+    InitMaterializedSRF(fcinfo, 0);
+    int32 claimed = 0;
+    do {
+        args[1] = Int32GetDatum(level);
+        args[3] = Int32GetDatum(max - claimed);
+        run_kept_plan(&claim_due_lean, args, nullptr, SPI_OK_SELECT);
+        add_events(fcinfo, SPI_tuptable, SPI_processed);
+        claimed += static_cast<int32>(SPI_processed);
+    } while (claimed < max && priority_below(queue, level, &level));
+}
+
+// The other path, for queues with concurrency keys, a bucket or expired
+// claims: steps 1 to 4 (above), each scan a statement of its own, the marks
+// one more; the events claimed become the function's result.
+void claim_by_scans(FunctionCallInfo fcinfo, Datum queue, Datum now, const Start& start,
+                    int32 max) {
+    const ClaimLimit& limit = start.limit;
+    int32 level = start.level;
+    Datum full_args[2] = {queue, now};
+    run_kept_plan(&full_keys, full_args, nullptr, SPI_OK_SELECT, 1);
+    bool is_null = false;
+    ConcurrencyKeys keys =
+        concurrency_keys_start(queue, DatumGetTimestampTz(now),
+                               DatumGetArrayTypeP(SPI_getbinval(
+                                   SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null)));
+    Ids taken{};
+
+    if (start.expired_found) {
+        Datum expired_args[7] = {queue, now, 0, 0, 0, 0, 0};
+        Scan expired{&expired_claims, expired_args, 2, 3, 0, 0};
+        scan_until_full(&expired, &taken, &keys, max);
+    }
+    const bool any_expired = taken.count > 0;
+
+    bool have_level = taken.count < max && start.have_level;
+    while (have_level) {
+        Datum due_args[8] = {queue, Int32GetDatum(level), now, 0, 0, 0, 0, 0};
+        Scan due{&due_events, due_args, 3, 4, 0, 0};
+        scan_until_full(&due, &taken, &keys, max);
+        if (taken.count >= max) {
+            break;
+        }
+        have_level = priority_below(queue, level, &level);
+    }
+    const uint64 found_count = static_cast<uint64>(taken.count);
+    ArrayType* ids = ids_array(taken.values, taken.count);
+
+    const int64 allowed = found_count == 0 ? 0
+                                           : claim_limit_take(limit, DatumGetTimestampTz(now),
+                                                              static_cast<int64>(found_count));
+    if (allowed == 0) {
+        InitMaterializedSRF(fcinfo, 0);
+        return;
+    }
+    if (allowed < static_cast<int64>(found_count)) {  // others took units meanwhile
+        ids = first_ids(ids, static_cast<int>(allowed));
+    }
+    const int64 token = new_claim_token();
+    require_durable_commit();
+    const ClaimRequest request{ids,
+                               any_expired,
+                               PG_GETARG_DATUM(1),
+                               PG_GETARG_DATUM(2),
+                               token,
+                               DatumGetTimestampTz(now),
+                               ClaimOrder::kPriority,
+                               nullptr};
+    const SPITupleTable* claimed = nullptr;
+    const uint64 claimed_count = mark_claimed(request, &claimed);
+    return_events(fcinfo, claimed, claimed_count);
+}
+
 // (queue text, worker text, lease interval, max integer) -> SETOF throttle.event
 Datum claim(FunctionCallInfo fcinfo) {
     standby_refuse("throttle.claim");
@@ -243,83 +428,21 @@ Datum claim(FunctionCallInfo fcinfo) {
     if (SPI_connect() != SPI_OK_CONNECT) {
         elog(ERROR, "SPI_connect failed");
     }
-    // A rate-limited queue: no more events locked than its bucket has units for.
-    const ClaimLimit limit = claim_limits_of(PG_GETARG_TEXT_PP(0)).queue;
+    const Start start = claim_start_of(queue, now);
     const int32 max = static_cast<int32>(
-        claim_limit_available(limit, DatumGetTimestampTz(now), PG_GETARG_INT32(3)));
-    if (max == 0) {
-        InitMaterializedSRF(fcinfo, 0);
-        SPI_finish();
-        return static_cast<Datum>(0);
-    }
-    Datum start_args[2] = {queue, now};
-    run_kept_plan(&claim_start, start_args, nullptr, SPI_OK_SELECT, 1);
-    bool no_level = true;
-    bool is_null = false;
-    int32 level = 0;
-    const Datum top =
-        SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, kTopPriority, &no_level);
-    if (!no_level) {
-        level = DatumGetInt32(top);
-    }
-    const bool expired_found = DatumGetBool(
-        SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, kAnyExpired, &is_null));
-    const bool blocking_found = DatumGetBool(
-        SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, kAnyBlocking, &is_null));
-    // Read before concurrency_keys_start, whose statements replace SPI_tuptable.
-    ConcurrencyKeys keys = concurrency_keys_start(
-        queue, DatumGetTimestampTz(now),
-        DatumGetArrayTypeP(
-            SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, kFullKeys, &is_null)));
-    Ids taken{};
-
-    if (blocking_found) {
-        end_blocking_claims(queue, DatumGetTimestampTz(now), Claimer::kClaim);
-    }
-    if (expired_found) {
-        Datum expired_args[7] = {queue, now, 0, 0, 0, 0, 0};
-        Scan expired{&expired_claims, expired_args, 2, 3, 0, 0};
-        scan_until_full(&expired, &taken, &keys, max);
-    }
-    const bool any_expired = taken.count > 0;
-
-    bool have_level = taken.count < max && !no_level;
-    while (have_level) {
-        Datum due_args[8] = {queue, Int32GetDatum(level), now, 0, 0, 0, 0, 0};
-        Scan due{&due_events, due_args, 3, 4, 0, 0};
-        scan_until_full(&due, &taken, &keys, max);
-        if (taken.count >= max) {
-            break;
+        claim_limit_available(start.limit, DatumGetTimestampTz(now), PG_GETARG_INT32(3)));
+    if (max == 0 || (!start.have_level && !start.expired_found)) {
+        InitMaterializedSRF(fcinfo, 0);  // nothing to claim
+    } else {
+        if (start.group_expired_found && any_blocking_claim(queue, now)) {
+            end_blocking_claims(queue, DatumGetTimestampTz(now), Claimer::kClaim);
         }
-        have_level = priority_below(queue, level, &level);
+        if (!start.limit.limited && !start.expired_found && !start.any_keyed) {
+            claim_lean(fcinfo, queue, start.level, now, max);
+        } else {
+            claim_by_scans(fcinfo, queue, now, start, max);
+        }
     }
-    const uint64 found_count = static_cast<uint64>(taken.count);
-    ArrayType* ids = ids_array(taken.values, taken.count);
-
-    const int64 allowed = found_count == 0 ? 0
-                                           : claim_limit_take(limit, DatumGetTimestampTz(now),
-                                                              static_cast<int64>(found_count));
-    if (allowed == 0) {
-        InitMaterializedSRF(fcinfo, 0);
-        SPI_finish();
-        return static_cast<Datum>(0);
-    }
-    if (allowed < static_cast<int64>(found_count)) {  // others took units meanwhile
-        ids = first_ids(ids, static_cast<int>(allowed));
-    }
-    const int64 token = new_claim_token();
-    require_durable_commit();
-    const ClaimRequest request{ids,
-                               any_expired,
-                               PG_GETARG_DATUM(1),
-                               PG_GETARG_DATUM(2),
-                               token,
-                               DatumGetTimestampTz(now),
-                               ClaimOrder::kPriority,
-                               nullptr};
-    const SPITupleTable* claimed = nullptr;
-    const uint64 claimed_count = mark_claimed(request, &claimed);
-    return_events(fcinfo, claimed, claimed_count);
     SPI_finish();
     return static_cast<Datum>(0);
 }

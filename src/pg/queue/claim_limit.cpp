@@ -25,14 +25,20 @@ BucketRequest group_bucket_request(const GroupLimit& limit, const text* queue,
 
 }  // namespace
 
+ClaimLimit claim_limit_declared(const text* name, const DeclaredBucket* declared) {
+    ClaimLimit limit{};
+    limit.limited = declared != nullptr;
+    if (limit.limited) {
+        queue_bucket_request(name, *declared, 0, &limit.bucket);
+    }
+    return limit;
+}
+
 ClaimLimits claim_limits_of(const text* queue) {
     const QueueBuckets declared = queue_buckets(queue);
     ClaimLimits limits{};
-    limits.queue.limited = declared.queue_limited;
-    if (declared.queue_limited) {
-        queue_bucket_request(declared.queue_bucket_name, declared.queue_bucket, 0,
-                             &limits.queue.bucket);
-    }
+    limits.queue = claim_limit_declared(declared.queue_bucket_name,
+                                        declared.queue_limited ? &declared.queue_bucket : nullptr);
     limits.groups.limited = declared.groups_limited;
     limits.groups.declared = declared.group_bucket;
     return limits;

@@ -46,6 +46,10 @@ struct ClaimLimits {
     GroupLimit groups;
 };
 
+// The limit of a queue whose bucket (throttle.queue_bucket) is `declared`,
+// named `name`; not limited when `declared` is nullptr.
+ClaimLimit claim_limit_declared(const text* name, const DeclaredBucket* declared);
+
 // The limits of `queue`'s claims and of each of its groups, from one
 // catalog statement. Inside SPI_connect.
 ClaimLimits claim_limits_of(const text* queue);

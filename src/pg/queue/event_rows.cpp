@@ -51,6 +51,10 @@ ArrayType* first_ids(ArrayType* ids, int count) {
 void return_events(FunctionCallInfo fcinfo, const SPITupleTable* rows, uint64 count) {
     // The tuplestore lives in the query's memory, past SPI_finish.
     InitMaterializedSRF(fcinfo, 0);
+    add_events(fcinfo, rows, count);
+}
+
+void add_events(FunctionCallInfo fcinfo, const SPITupleTable* rows, uint64 count) {
     auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
     const TupleDesc expected = rsinfo->setDesc;
     const TupleDesc got = rows->tupdesc;

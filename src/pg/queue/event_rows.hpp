@@ -26,4 +26,8 @@ ArrayType* first_ids(ArrayType* ids, int count);
 // before SPI_finish.
 void return_events(FunctionCallInfo fcinfo, const SPITupleTable* rows, uint64 count);
 
+// The same, in parts: the result started once (InitMaterializedSRF), then
+// rows added to it from one or more statements' results.
+void add_events(FunctionCallInfo fcinfo, const SPITupleTable* rows, uint64 count);
+
 }  // namespace pg_throttle::pg

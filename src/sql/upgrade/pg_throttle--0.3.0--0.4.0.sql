@@ -331,3 +331,14 @@ COMMENT ON FUNCTION throttle.claim(text, text, interval, integer) IS
 COMMENT ON FUNCTION throttle.claim_group(text, text, interval, integer) IS
     'Claims the due events of one group of the queue (every one, or the oldest max) for worker until lease. While the lease holds no other worker gets any event of that group, including events that become due meanwhile; a queue in throttle.group_policy lets that many claims hold a group at once, each with events no other holds, or keeps a group''s events in strict order. An expired claim of throttle.claim whose item_key has a due grouped run is ended first (cancelled, superseded by that run). Returns no rows when no group is free.';
 
+
+-- No call of 0.4.0 leaves a pending event with its attempts used up (a
+-- replacing schedule starts its attempts again, an ended claim on its last
+-- attempt leaves it dead), and claim's lean path takes only events with
+-- attempts left: the ones earlier versions left so become dead now, as
+-- their next claim would have made them.
+UPDATE throttle.event
+SET state = 'dead', completed_at = throttle.now(), completed_by = claimed_by,
+    last_error = coalesce(last_error, 'lease expired ' || attempts || ' times')
+WHERE state = 'pending' AND attempts >= max_attempts;
+
