@@ -18,15 +18,14 @@ COMMENT ON FUNCTION throttle.now() IS
 
 CREATE TABLE throttle.event (
     id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    queue         text NOT NULL CHECK (queue <> '' AND octet_length(queue) <= 63),
-    item_key      text NOT NULL CHECK (item_key <> ''),
+    queue         text NOT NULL,
+    item_key      text NOT NULL,
     group_key     text,
     payload       jsonb NOT NULL DEFAULT '{}',
     run_at        timestamptz NOT NULL,
-    state         text NOT NULL DEFAULT 'pending'
-                  CHECK (state IN ('pending', 'claimed', 'dead')),
+    state         text NOT NULL DEFAULT 'pending',
     attempts      integer NOT NULL DEFAULT 0,
-    max_attempts  integer NOT NULL DEFAULT 5 CHECK (max_attempts > 0),
+    max_attempts  integer NOT NULL DEFAULT 5,
     enqueued_at   timestamptz NOT NULL,
     enqueued_by   text NOT NULL,
     claimed_at    timestamptz,
@@ -41,8 +40,7 @@ CREATE TABLE throttle.event (
     priority      integer NOT NULL DEFAULT 0,
     failed_at     timestamptz,
     cancelled_by  text,
-    concurrency_key text,
-    CONSTRAINT event_concurrency_key_ungrouped CHECK (concurrency_key IS NULL OR group_key IS NULL)
+    concurrency_key text
 );
 COMMENT ON TABLE throttle.event IS
     'The scheduled event queue, the hot table: events pending (waiting for run_at), claimed (a worker holds it until lease_until) and dead (max_attempts used up; throttle.retry brings it back, throttle.purge deletes it when asked). An event that is done or cancelled leaves it, in the same transaction, for throttle.event_history; throttle.all_events shows both.';
@@ -87,6 +85,20 @@ CREATE INDEX event_pending_concurrency ON throttle.event (queue, concurrency_key
     WHERE state = 'pending' AND concurrency_key IS NOT NULL;
 CREATE INDEX event_dead ON throttle.event (queue, completed_at)
     WHERE state = 'dead';
+
+-- The rules of a row, checked by a C trigger rather than CHECK constraints,
+-- which PostgreSQL builds again at every execution of a statement that
+-- writes the table (src/pg/queue/event_check.cpp): the same rules, names
+-- and SQLSTATE (23514).
+CREATE FUNCTION throttle._event_check()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'pg_throttle_event_check'
+LANGUAGE C;
+COMMENT ON FUNCTION throttle._event_check() IS
+    'Internal: the rules of a row of throttle.event, as a trigger: event_queue_check (queue <> '''' AND octet_length(queue) <= 63), event_item_key_check (item_key <> ''''), event_state_check (state IN (''pending'', ''claimed'', ''dead'')), event_max_attempts_check (max_attempts > 0), event_concurrency_key_ungrouped (concurrency_key IS NULL OR group_key IS NULL); raises 23514 naming the rule.';
+REVOKE EXECUTE ON FUNCTION throttle._event_check() FROM PUBLIC;
+CREATE TRIGGER event_check BEFORE INSERT OR UPDATE ON throttle.event
+    FOR EACH ROW EXECUTE FUNCTION throttle._event_check();
 
 -- Every column but the claim's token.
 REVOKE SELECT ON throttle.event FROM PUBLIC;

@@ -94,6 +94,10 @@ UNION ALL
 SELECT 'constraint ' || conrelid::regclass || '.' || conname || ': ' || pg_get_constraintdef(oid)
 FROM pg_constraint WHERE connamespace = (SELECT oid FROM ns)
 UNION ALL
+SELECT 'trigger ' || tgname || ': ' || pg_get_triggerdef(t.oid) || ' enabled ' || t.tgenabled::text
+FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+WHERE c.relnamespace = (SELECT oid FROM ns) AND NOT t.tgisinternal
+UNION ALL
 SELECT 'config dump: ' || array_to_string(extconfig::regclass[]::text[], ',') || ' '
        || array_to_string(extcondition, ',')
 FROM pg_extension WHERE extname = 'pg_throttle'

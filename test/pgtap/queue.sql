@@ -1,6 +1,6 @@
 -- The event queue: signatures, error codes, privileges, index use.
 BEGIN;
-SELECT plan(45);
+SELECT plan(58);
 SET LOCAL pg_throttle.test_clock = '2038-01-01 00:00:00+00';
 
 SELECT has_table('throttle', 'event', 'catalog table throttle.event');
@@ -51,6 +51,52 @@ SELECT has_table('throttle', 'event_history', 'finished events have a table of t
 SELECT throws_ok($$INSERT INTO throttle.event (queue, item_key, run_at, state, enqueued_at, enqueued_by)
                    VALUES ('tap.q', 'k', now(), 'done', now(), 'tap')$$, '23514', NULL,
     'the hot table holds no finished event: done and cancelled ones are in throttle.event_history');
+-- The rules of a row, checked by the trigger event_check (no CHECK constraint: see
+-- src/pg/queue/event_check.cpp), on INSERT and on UPDATE, named as constraints were.
+SELECT throws_ok($$INSERT INTO throttle.event (queue, item_key, run_at, enqueued_at, enqueued_by)
+                   VALUES ('', 'k', now(), now(), 'tap')$$, '23514',
+    'new row for relation "event" violates check constraint "event_queue_check"',
+    'an empty queue name is refused (event_queue_check)');
+SELECT throws_ok($$INSERT INTO throttle.event (queue, item_key, run_at, enqueued_at, enqueued_by)
+                   VALUES (repeat('q', 64), 'k', now(), now(), 'tap')$$, '23514',
+    'new row for relation "event" violates check constraint "event_queue_check"',
+    'a queue name of 64 bytes is refused');
+SELECT lives_ok($$INSERT INTO throttle.event (queue, item_key, run_at, enqueued_at, enqueued_by)
+                  VALUES (repeat('é', 31) || 'q', 'k', now(), now(), 'tap')$$,
+    'a queue name of 63 bytes is taken (31 two-byte characters and one)');
+SELECT throws_ok($$INSERT INTO throttle.event (queue, item_key, run_at, enqueued_at, enqueued_by)
+                   VALUES (repeat('é', 32), 'k', now(), now(), 'tap')$$, '23514', NULL,
+    'a name of 32 characters and 64 bytes is refused: the limit counts bytes');
+SELECT throws_ok($$INSERT INTO throttle.event (queue, item_key, run_at, enqueued_at, enqueued_by)
+                   VALUES ('tap.rules', '', now(), now(), 'tap')$$, '23514',
+    'new row for relation "event" violates check constraint "event_item_key_check"',
+    'an empty item_key is refused (event_item_key_check)');
+SELECT throws_ok($$INSERT INTO throttle.event (queue, item_key, run_at, enqueued_at, enqueued_by, max_attempts)
+                   VALUES ('tap.rules', 'k', now(), now(), 'tap', 0)$$, '23514',
+    'new row for relation "event" violates check constraint "event_max_attempts_check"',
+    'max_attempts 0 is refused (event_max_attempts_check)');
+SELECT throws_ok($$INSERT INTO throttle.event (queue, item_key, run_at, enqueued_at, enqueued_by,
+                                                group_key, concurrency_key)
+                   VALUES ('tap.rules', 'k', now(), now(), 'tap', 'g', 'c')$$, '23514',
+    'new row for relation "event" violates check constraint "event_concurrency_key_ungrouped"',
+    'a grouped event with a concurrency_key is refused (event_concurrency_key_ungrouped)');
+SELECT throws_ok($$INSERT INTO throttle.event (queue, item_key, run_at, enqueued_at, enqueued_by)
+                   VALUES (NULL, 'k', now(), now(), 'tap')$$, '23502', NULL,
+    'a NULL queue passes the rules, as a CHECK would, and NOT NULL refuses it (23502)');
+SELECT lives_ok($$INSERT INTO throttle.event (queue, item_key, run_at, enqueued_at, enqueued_by,
+                                               concurrency_key)
+                  VALUES ('tap.rules', 'ok', now(), now(), 'tap', 'c')$$,
+    'a row within every rule is taken');
+SELECT throws_ok($$UPDATE throttle.event SET state = 'done' WHERE queue = 'tap.rules'$$, '23514',
+    'new row for relation "event" violates check constraint "event_state_check"',
+    'an UPDATE is held to the rules too (event_state_check)');
+SELECT throws_ok($$UPDATE throttle.event SET group_key = 'g' WHERE queue = 'tap.rules'$$, '23514',
+    'new row for relation "event" violates check constraint "event_concurrency_key_ungrouped"',
+    'and to the two-column rule');
+SELECT throws_ok($$SELECT throttle._event_check()$$, '39P01', NULL,
+    'the trigger function cannot be called as a function');
+SELECT ok(NOT has_function_privilege('public', 'throttle._event_check()', 'EXECUTE'),
+    'nor is it granted to anyone');
 SELECT ok(has_column_privilege('public', 'throttle.event_history', 'completed_by', 'SELECT')
           AND has_column_privilege('public', 'throttle.event_history', 'concurrency_key', 'SELECT')
           AND NOT has_column_privilege('public', 'throttle.event_history', 'claim_token', 'SELECT')

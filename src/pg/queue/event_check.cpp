@@ -1,0 +1,122 @@
+// throttle._event_check(): the rules of a row of throttle.event, a trigger
+// BEFORE INSERT OR UPDATE, where CHECK constraints stood until 0.3.0. The
+// rules are the same, with the same constraint names and SQLSTATE (23514),
+// and like a CHECK a rule holds when its columns are NULL (NOT NULL is
+// checked after the trigger):
+//   event_queue_check                queue <> '' AND octet_length(queue) <= 63
+//   event_item_key_check             item_key <> ''
+//   event_state_check                state IN ('pending', 'claimed', 'dead')
+//   event_max_attempts_check         max_attempts > 0
+//   event_concurrency_key_ungrouped  concurrency_key IS NULL OR group_key IS NULL
+//
+// Why a trigger: PostgreSQL builds a table's CHECK expressions again, from
+// their stored form, at every execution of a statement that writes the
+// table (ExecRelCheck keeps them in the executor state only), and every
+// claim updates a row: the five cost a claim and its complete 151 000 of
+// 1 147 000 instructions (callgrind, 2026-11-28). The trigger reads five
+// columns of the new row.
+#include "pg/boundary.hpp"
+
+extern "C" {
+#include "commands/trigger.h"
+#include "utils/rel.h"
+}
+
+namespace pg_throttle::pg {
+namespace {
+
+enum Column : int { kQueue, kItemKey, kGroupKey, kState, kMaxAttempts, kConcurrencyKey, kColumns };
+constexpr const char* kNames[kColumns] = {"queue", "item_key",     "group_key",
+                                          "state", "max_attempts", "concurrency_key"};
+
+// The columns' numbers in the table, looked up by name on first use and
+// checked by name on every use (a table made again may number them apart).
+AttrNumber attnums[kColumns];
+
+AttrNumber attnum_of(TupleDesc desc, Column column) {
+    const AttrNumber known = attnums[column];
+    if (known > 0 && known <= desc->natts &&
+        strcmp(NameStr(TupleDescAttr(desc, known - 1)->attname), kNames[column]) == 0 &&
+        !TupleDescAttr(desc, known - 1)->attisdropped) {
+        return known;
+    }
+    const int found = SPI_fnumber(desc, kNames[column]);
+    if (found <= 0) {
+        elog(ERROR, "throttle.event has no column %s", kNames[column]);
+    }
+    attnums[column] = static_cast<AttrNumber>(found);
+    return attnums[column];
+}
+
+[[noreturn]] void violated(Relation rel, const char* constraint) {
+    ereport(ERROR, (errcode(ERRCODE_CHECK_VIOLATION),
+                    errmsg("new row for relation \"%s\" violates check constraint \"%s\"",
+                           RelationGetRelationName(rel), constraint),
+                    errtableconstraint(rel, constraint)));
+    pg_unreachable();
+}
+
+// The text in `column` of `row`; false when it is NULL.
+bool text_of(HeapTuple row, TupleDesc desc, Column column, text** value) {
+    bool is_null = true;
+    const Datum datum = heap_getattr(row, attnum_of(desc, column), desc, &is_null);
+    if (!is_null) {
+        *value = DatumGetTextPP(datum);
+    }
+    return !is_null;
+}
+
+bool is_null(HeapTuple row, TupleDesc desc, Column column) {
+    bool null = true;
+    (void)heap_getattr(row, attnum_of(desc, column), desc, &null);
+    return null;
+}
+
+bool text_is(const text* value, const char* literal) {
+    const size_t length = strlen(literal);
+    return VARSIZE_ANY_EXHDR(value) == length && memcmp(VARDATA_ANY(value), literal, length) == 0;
+}
+
+Datum event_check(FunctionCallInfo fcinfo) {
+    if (!CALLED_AS_TRIGGER(fcinfo)) {
+        ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+                        errmsg("throttle._event_check() runs only as a trigger")));
+    }
+    auto* trigger = reinterpret_cast<TriggerData*>(fcinfo->context);
+    if (!TRIGGER_FIRED_BEFORE(trigger->tg_event) || !TRIGGER_FIRED_FOR_ROW(trigger->tg_event) ||
+        TRIGGER_FIRED_BY_DELETE(trigger->tg_event)) {
+        ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+                        errmsg("throttle._event_check() runs BEFORE INSERT OR UPDATE, per row")));
+    }
+    const HeapTuple row =
+        TRIGGER_FIRED_BY_UPDATE(trigger->tg_event) ? trigger->tg_newtuple : trigger->tg_trigtuple;
+    const Relation rel = trigger->tg_relation;
+    const TupleDesc desc = RelationGetDescr(rel);
+
+    text* value = nullptr;
+    if (text_of(row, desc, kQueue, &value) &&
+        (VARSIZE_ANY_EXHDR(value) == 0 || VARSIZE_ANY_EXHDR(value) > 63)) {
+        violated(rel, "event_queue_check");
+    }
+    if (text_of(row, desc, kItemKey, &value) && VARSIZE_ANY_EXHDR(value) == 0) {
+        violated(rel, "event_item_key_check");
+    }
+    if (text_of(row, desc, kState, &value) && !text_is(value, "pending") &&
+        !text_is(value, "claimed") && !text_is(value, "dead")) {
+        violated(rel, "event_state_check");
+    }
+    bool null = true;
+    const Datum max_attempts = heap_getattr(row, attnum_of(desc, kMaxAttempts), desc, &null);
+    if (!null && DatumGetInt32(max_attempts) <= 0) {
+        violated(rel, "event_max_attempts_check");
+    }
+    if (!is_null(row, desc, kConcurrencyKey) && !is_null(row, desc, kGroupKey)) {
+        violated(rel, "event_concurrency_key_ungrouped");
+    }
+    return PointerGetDatum(row);
+}
+
+}  // namespace
+}  // namespace pg_throttle::pg
+
+PG_THROTTLE_SQL_FUNCTION(pg_throttle_event_check, pg_throttle::pg::event_check)
