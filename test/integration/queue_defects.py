@@ -357,8 +357,52 @@ def claim_group_during(tap, admin, queue, change, what):
     return state
 
 
+def complete_lock_order(tap, admin):
+    """complete, fail and extend lock a claim's events in id order, so that
+    two of them on one claim never deadlock: complete's one statement for
+    ungrouped events too, also when its plan reads the primary key through a
+    bitmap scan (which returns rows in the table's order). Row 1's live
+    version is moved after row 2's (a payload grown off its page); a heartbeat holds row 1 in an
+    open transaction while complete (bitmap plans) waits, then extends row 2:
+    complete must wait on row 1 holding nothing."""
+    cur = admin.cursor()
+    fresh(cur, "d.lockorder")
+    cur.execute("SELECT throttle.schedule('d.lockorder', k, now() - interval '1 minute')"
+                " FROM unnest(ARRAY['a', 'b']) k")
+    worker = connect()
+    with worker.cursor() as wcur:
+        wcur.execute("SELECT id, claim_token FROM throttle.claim('d.lockorder', 'w', '10 minutes', 2) ORDER BY id")
+        (id1, token), (id2, _) = wcur.fetchall()
+    moved = False
+    for i in range(40):  # until row 1's live version lies after row 2's: grown off its page
+        moved = one(admin, "SELECT (SELECT ctid FROM throttle.event WHERE id = %s)"
+                           " > (SELECT ctid FROM throttle.event WHERE id = %s)", (id1, id2))[0]
+        if moved:
+            break
+        execute(admin, "UPDATE throttle.event SET payload = payload || jsonb_build_object(%s, repeat('x', 500))"
+                       " WHERE id = %s", (f"pad{i}", id1))
+    heartbeat = connect(autocommit=False)
+    completer = connect()
+    execute(heartbeat, "SELECT throttle.extend(ARRAY[%s]::bigint[], %s, '10 minutes')", (id1, token))
+    # This backend's kept plans are made now, with bitmap scans only.
+    execute(completer, "SET enable_indexscan = off")
+    done, _, thread = timed(completer, "SELECT throttle.complete(ARRAY[%s, %s]::bigint[], %s)",
+                            (id1, id2, token), wait=1)
+    extended, _, _ = timed(heartbeat, "SELECT throttle.extend(ARRAY[%s]::bigint[], %s, '10 minutes')",
+                           (id2, token), wait=5)
+    heartbeat.commit()
+    thread.join(timeout=10)
+    tap.ok(moved and "error" not in extended and extended.get("rows") == [(1,)],
+           "while complete waits for a claim's first event, an extend of its second goes through"
+           " (complete holds nothing yet: it locks in id order, whatever its plan)",
+           (moved, extended))
+    tap.is_(done.get("rows", done.get("error")), [(2,)], "and complete then ends both")
+    for conn in (heartbeat, completer, worker):
+        conn.close()
+
+
 def main():
-    tap = Tap(74)
+    tap = Tap(76)
     admin = connect()
     cur = admin.cursor()
 
@@ -978,6 +1022,8 @@ def main():
     # leaves the group's events whose lease the worker extended, and gives
     # their attempt back to those that never ran.
     strict_blocking_claims(tap)
+    # 75-76: complete locks a claim's events in id order, whatever its plan.
+    complete_lock_order(tap, admin)
     b.close()
     admin.close()
     tap.done()

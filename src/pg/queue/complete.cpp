@@ -3,8 +3,8 @@
 // to throttle.event_history.
 //
 //  1. Events without a group_key (claims of throttle.claim): one statement
-//     locks them, checks the caller may act for the claim's role and moves
-//     them, done (move_done_ungrouped).
+//     locks them in id order, if the caller may act for the claim's role,
+//     and moves them, done (move_done_ungrouped).
 //  2. The rest, events of group claims: locked with the other events of
 //     their claims (claim_lock.hpp), then moved the same way.
 //  3. NOTIFYs the due runs scheduled for the finished events' item_keys
@@ -32,10 +32,12 @@ namespace {
 // statements after it need comes back from it: none of them reads the
 // history, whose statistics (an empty table before a drain) could give
 // their kept plans a scan of the whole table.
-#define MOVE_DONE(condition) \
+// The move, of the events `rows` (an array expression): the claim's events
+// among them, done.
+#define MOVE_DONE(rows) \
     "WITH done AS ("                                                                         \
     "  DELETE FROM throttle.event e"                                                         \
-    "  WHERE e.id = ANY ($1) AND upper(e.state) = 'CLAIMED' AND e.claim_token = $2" condition \
+    "  WHERE e.id = ANY (" rows ") AND upper(e.state) = 'CLAIMED' AND e.claim_token = $2"    \
     "    AND throttle._acts_as(e.claimed_role)"                                              \
     "  RETURNING e.*)"                                                                       \
     " INSERT INTO throttle.event_history"                                                    \
@@ -52,18 +54,29 @@ namespace {
     "      AND u.state = 'pending' LIMIT 1)"
 
 // After the events are locked (claim_lock.hpp).
-KeptPlan move_done{MOVE_DONE(""), 3, {INT8ARRAYOID, INT8OID, TIMESTAMPTZOID}, nullptr};
+KeptPlan move_done{MOVE_DONE("$1"), 3, {INT8ARRAYOID, INT8OID, TIMESTAMPTZOID}, nullptr};
 
 // The lean path, first: the events of a claim of throttle.claim (no
-// group_key) need no lock but their own, which the DELETE takes in id order
-// (a scan of the primary key by = ANY), the order lock_claim_events keeps.
-// The events of a group claim are left to move_done.
+// group_key) need no lock but their own, taken in id order, the order
+// lock_claim_events keeps for complete, fail and extend, whatever the plan
+// (a bitmap scan of the primary key would lock in the order of the rows in
+// the table): locked by the subquery, moved by the DELETE. The events of a
+// group claim are left to move_done.
 KeptPlan move_done_ungrouped{
-    MOVE_DONE(" AND e.group_key IS NULL"), 3, {INT8ARRAYOID, INT8OID, TIMESTAMPTZOID}, nullptr};
+    MOVE_DONE("ARRAY(SELECT g.id FROM throttle.event g"
+              "      WHERE g.id = ANY ($1) AND upper(g.state) = 'CLAIMED' AND g.claim_token = $2"
+              "        AND g.group_key IS NULL AND throttle._acts_as(g.claimed_role)"
+              "      ORDER BY g.id FOR UPDATE OF g)"),
+    3,
+    {INT8ARRAYOID, INT8OID, TIMESTAMPTZOID},
+    nullptr};
 
 // Of the pending runs $1 that the moves found, those due at $2: the clock
 // read after the moves, so that a run that came due while a move waited for
-// a lock is NOTIFYed too.
+// a lock is NOTIFYed too. (A newer run that commits after the move's
+// snapshot, during a wait for a row or after it, is not among them: as for
+// any newer run scheduled while its predecessor's end is not committed, its
+// own NOTIFY comes before the end, and a worker finds it by polling.)
 KeptPlan due_successors{
     "SELECT queue, id FROM throttle.event"
     " WHERE id = ANY ($1) AND upper(state) = 'PENDING' AND run_at <= $2",
