@@ -89,16 +89,19 @@ CREATE INDEX event_dead ON throttle.event (queue, completed_at)
 -- The rules of a row, checked by a C trigger rather than CHECK constraints,
 -- which PostgreSQL builds again at every execution of a statement that
 -- writes the table (src/pg/queue/event_check.cpp): the same rules, names
--- and SQLSTATE (23514).
+-- and SQLSTATE (23514); and a pending event without attempts left (from a
+-- dump of an earlier version) is stored dead.
 CREATE FUNCTION throttle._event_check()
 RETURNS trigger
 AS 'MODULE_PATHNAME', 'pg_throttle_event_check'
 LANGUAGE C;
 COMMENT ON FUNCTION throttle._event_check() IS
-    'Internal: the rules of a row of throttle.event, as a trigger: event_queue_check (queue <> '''' AND octet_length(queue) <= 63), event_item_key_check (item_key <> ''''), event_state_check (state IN (''pending'', ''claimed'', ''dead'')), event_max_attempts_check (max_attempts > 0), event_concurrency_key_ungrouped (concurrency_key IS NULL OR group_key IS NULL); raises 23514 naming the rule.';
+    'Internal: the rules of a row of throttle.event, as a trigger: event_queue_check (queue <> '''' AND octet_length(queue) <= 63), event_item_key_check (item_key <> ''''), event_state_check (state IN (''pending'', ''claimed'', ''dead'')), event_max_attempts_check (max_attempts > 0), event_concurrency_key_ungrouped (concurrency_key IS NULL OR group_key IS NULL); raises 23514 naming the rule. A pending event without attempts left is stored dead, as its next claim would have made it.';
 REVOKE EXECUTE ON FUNCTION throttle._event_check() FROM PUBLIC;
 CREATE TRIGGER event_check BEFORE INSERT OR UPDATE ON throttle.event
     FOR EACH ROW EXECUTE FUNCTION throttle._event_check();
+-- Also under session_replication_role = replica, as CHECK constraints held.
+ALTER TABLE throttle.event ENABLE ALWAYS TRIGGER event_check;
 
 -- Every column but the claim's token.
 REVOKE SELECT ON throttle.event FROM PUBLIC;

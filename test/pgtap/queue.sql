@@ -1,6 +1,6 @@
 -- The event queue: signatures, error codes, privileges, index use.
 BEGIN;
-SELECT plan(58);
+SELECT plan(67);
 SET LOCAL pg_throttle.test_clock = '2038-01-01 00:00:00+00';
 
 SELECT has_table('throttle', 'event', 'catalog table throttle.event');
@@ -97,6 +97,51 @@ SELECT throws_ok($$SELECT throttle._event_check()$$, '39P01', NULL,
     'the trigger function cannot be called as a function');
 SELECT ok(NOT has_function_privilege('public', 'throttle._event_check()', 'EXECUTE'),
     'nor is it granted to anyone');
+-- A pending event without attempts left, as a dump of 0.3.0 holds (its release_group
+-- left them): stored dead, as its next claim would have made it; claim's lean path
+-- takes only events with attempts left, and would otherwise pass it over forever.
+INSERT INTO throttle.event (queue, item_key, run_at, attempts, max_attempts, enqueued_at,
+                            enqueued_by, claimed_by)
+VALUES ('tap.spent', 'k1', '2037-12-31 23:59:00+00', 2, 2, '2037-12-31 23:00:00+00', 'tap', 'w-old'),
+       ('tap.spent', 'k2', '2037-12-31 23:59:00+00', 3, 2, '2037-12-31 23:00:00+00', 'tap', NULL);
+INSERT INTO throttle.event (queue, item_key, run_at, attempts, max_attempts, enqueued_at,
+                            enqueued_by, last_error)
+VALUES ('tap.spent', 'k3', '2037-12-31 23:59:00+00', 1, 1, '2037-12-31 23:00:00+00', 'tap', 'boom');
+SELECT results_eq($$SELECT item_key, state, completed_at, completed_by, last_error FROM throttle.event
+                    WHERE queue = 'tap.spent' ORDER BY item_key$$,
+    $$VALUES ('k1', 'dead', '2038-01-01 00:00:00+00'::timestamptz, 'w-old', 'lease expired 2 times'),
+             ('k2', 'dead', '2038-01-01 00:00:00+00'::timestamptz, NULL, 'lease expired 3 times'),
+             ('k3', 'dead', '2038-01-01 00:00:00+00'::timestamptz, NULL, 'boom')$$,
+    'a pending event without attempts left is stored dead: completed now, by its last worker, its error kept');
+SELECT is((SELECT count(*) FROM throttle.claim('tap.spent', 'w', '1 minute', 10)), 0::bigint,
+    'and no claim returns it');
+SELECT lives_ok($$INSERT INTO throttle.event (queue, item_key, run_at, attempts, max_attempts,
+                                               enqueued_at, enqueued_by)
+                  VALUES ('tap.spent', 'k4', now(), 1, 2, now(), 'tap')$$,
+    'one with an attempt left stays pending');
+SELECT is((SELECT state FROM throttle.event WHERE queue = 'tap.spent' AND item_key = 'k4'), 'pending',
+    'pending');
+SELECT is(ARRAY(SELECT item_key FROM throttle.claim('tap.spent', 'w', '1 minute', 10)), ARRAY['k4'],
+    'and claim takes it');
+SET LOCAL session_replication_role = replica;
+SELECT throws_ok($$INSERT INTO throttle.event (queue, item_key, run_at, state, enqueued_at, enqueued_by)
+                   VALUES ('tap.q', 'k', now(), 'done', now(), 'tap')$$, '23514', NULL,
+    'the rules hold under session_replication_role = replica too (logical replication), as CHECKs did');
+SET LOCAL session_replication_role = origin;
+CREATE TABLE public.tap_not_event (queue integer, item_key text, group_key text, state text,
+                                   max_attempts integer, concurrency_key text);
+CREATE TRIGGER tap_check BEFORE INSERT ON public.tap_not_event
+    FOR EACH ROW EXECUTE FUNCTION throttle._event_check();
+SELECT throws_ok($$INSERT INTO public.tap_not_event VALUES (1, 'k', NULL, 'pending', 1, NULL)$$,
+    '39P01', 'throttle._event_check() runs on throttle.event only',
+    'on another table, with a column of another type, the trigger refuses (no crash)');
+SET LOCAL synchronous_commit = off;
+SELECT throttle.schedule('tap.later', 'k', '2038-01-02 00:00:00+00') IS NOT NULL AS scheduled;
+SELECT is((SELECT count(*) FROM throttle.claim('tap.later', 'w', '1 minute', 10)), 0::bigint,
+    'a claim of a queue whose events are not due yet claims nothing');
+SELECT is(current_setting('synchronous_commit'), 'off',
+    'and leaves the transaction''s synchronous_commit as it was: a claim of nothing asks no durable commit');
+SET LOCAL synchronous_commit = on;
 SELECT ok(has_column_privilege('public', 'throttle.event_history', 'completed_by', 'SELECT')
           AND has_column_privilege('public', 'throttle.event_history', 'concurrency_key', 'SELECT')
           AND NOT has_column_privilege('public', 'throttle.event_history', 'claim_token', 'SELECT')

@@ -8,6 +8,15 @@
 //   event_state_check                state IN ('pending', 'claimed', 'dead')
 //   event_max_attempts_check         max_attempts > 0
 //   event_concurrency_key_ungrouped  concurrency_key IS NULL OR group_key IS NULL
+// And one more: a pending event has attempts left. No call leaves one
+// without (claim's lean path takes only events with attempts left), so a row
+// that comes without — restored from a dump of an earlier version, which
+// left them — is stored dead, as its next claim made it then: completed_at
+// the time, completed_by its last worker, last_error kept or 'lease expired
+// N times'.
+//
+// The trigger is ENABLE ALWAYS: it also runs under session_replication_role
+// = replica (a logical replication apply worker), as CHECK constraints did.
 //
 // Why a trigger: PostgreSQL builds a table's CHECK expressions again, from
 // their stored form, at every execution of a statement that writes the
@@ -15,34 +24,63 @@
 // claim updates a row: the five cost a claim and its complete 151 000 of
 // 1 147 000 instructions (callgrind, 2026-11-28). The trigger reads five
 // columns of the new row.
+// The core's headers (through clock.hpp) come before PostgreSQL's.
+#include "pg/clock.hpp"
 #include "pg/boundary.hpp"
 
 extern "C" {
 #include "commands/trigger.h"
+#include "utils/builtins.h"
 #include "utils/rel.h"
 }
 
 namespace pg_throttle::pg {
 namespace {
 
-enum Column : int { kQueue, kItemKey, kGroupKey, kState, kMaxAttempts, kConcurrencyKey, kColumns };
-constexpr const char* kNames[kColumns] = {"queue", "item_key",     "group_key",
-                                          "state", "max_attempts", "concurrency_key"};
+enum Column : int {
+    kQueue,
+    kItemKey,
+    kGroupKey,
+    kState,
+    kMaxAttempts,
+    kConcurrencyKey,
+    kAttempts,
+    kCompletedAt,
+    kCompletedBy,
+    kClaimedBy,
+    kLastError,
+    kColumns
+};
+constexpr const char* kNames[kColumns] = {
+    "queue",    "item_key",     "group_key",    "state",      "max_attempts", "concurrency_key",
+    "attempts", "completed_at", "completed_by", "claimed_by", "last_error"};
+constexpr Oid kTypes[kColumns] = {TEXTOID, TEXTOID,        TEXTOID, TEXTOID, INT4OID, TEXTOID,
+                                  INT4OID, TIMESTAMPTZOID, TEXTOID, TEXTOID, TEXTOID};
 
 // The columns' numbers in the table, looked up by name on first use and
-// checked by name on every use (a table made again may number them apart).
+// checked by name and type on every use (a table made again may number them
+// apart; a column of another type is never read as this one's).
 AttrNumber attnums[kColumns];
 
+bool is_column(TupleDesc desc, AttrNumber number, Column column) {
+    if (number <= 0 || number > desc->natts) {
+        return false;
+    }
+    const Form_pg_attribute attribute = TupleDescAttr(desc, number - 1);
+    return !attribute->attisdropped && strcmp(NameStr(attribute->attname), kNames[column]) == 0 &&
+           attribute->atttypid == kTypes[column];
+}
+
 AttrNumber attnum_of(TupleDesc desc, Column column) {
-    const AttrNumber known = attnums[column];
-    if (known > 0 && known <= desc->natts &&
-        strcmp(NameStr(TupleDescAttr(desc, known - 1)->attname), kNames[column]) == 0 &&
-        !TupleDescAttr(desc, known - 1)->attisdropped) {
-        return known;
+    if (is_column(desc, attnums[column], column)) {
+        return attnums[column];
     }
     const int found = SPI_fnumber(desc, kNames[column]);
-    if (found <= 0) {
-        elog(ERROR, "throttle.event has no column %s", kNames[column]);
+    if (found <= 0 || !is_column(desc, static_cast<AttrNumber>(found), column)) {
+        ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+                        errmsg("throttle._event_check() runs on throttle.event only"),
+                        errdetail("The table has no column %s of type %s.", kNames[column],
+                                  format_type_be(kTypes[column]))));
     }
     attnums[column] = static_cast<AttrNumber>(found);
     return attnums[column];
@@ -75,6 +113,32 @@ bool is_null(HeapTuple row, TupleDesc desc, Column column) {
 bool text_is(const text* value, const char* literal) {
     const size_t length = strlen(literal);
     return VARSIZE_ANY_EXHDR(value) == length && memcmp(VARDATA_ANY(value), literal, length) == 0;
+}
+
+// `row`, or, when it is a pending event without attempts left, the row
+// made dead.
+HeapTuple spent_pending_dead(HeapTuple row, TupleDesc desc) {
+    text* state = nullptr;
+    bool attempts_null = true;
+    bool max_null = true;
+    const Datum attempts = heap_getattr(row, attnum_of(desc, kAttempts), desc, &attempts_null);
+    const Datum max_attempts = heap_getattr(row, attnum_of(desc, kMaxAttempts), desc, &max_null);
+    if (!text_of(row, desc, kState, &state) || !text_is(state, "pending") || attempts_null ||
+        max_null || DatumGetInt32(attempts) < DatumGetInt32(max_attempts)) {
+        return row;
+    }
+    int columns[4] = {attnum_of(desc, kState), attnum_of(desc, kCompletedAt),
+                      attnum_of(desc, kCompletedBy), attnum_of(desc, kLastError)};
+    Datum values[4] = {CStringGetTextDatum("dead"), TimestampTzGetDatum(clock_now()), 0, 0};
+    bool nulls[4] = {false, false, true, false};
+    values[2] = heap_getattr(row, attnum_of(desc, kClaimedBy), desc, &nulls[2]);
+    bool no_error = true;
+    values[3] = heap_getattr(row, columns[3], desc, &no_error);
+    if (no_error) {
+        values[3] =
+            CStringGetTextDatum(psprintf("lease expired %d times", DatumGetInt32(attempts)));
+    }
+    return heap_modify_tuple_by_cols(row, desc, 4, columns, values, nulls);
 }
 
 Datum event_check(FunctionCallInfo fcinfo) {
@@ -113,7 +177,7 @@ Datum event_check(FunctionCallInfo fcinfo) {
     if (!is_null(row, desc, kConcurrencyKey) && !is_null(row, desc, kGroupKey)) {
         violated(rel, "event_concurrency_key_ungrouped");
     }
-    return PointerGetDatum(row);
+    return PointerGetDatum(spent_pending_dead(row, desc));
 }
 
 }  // namespace
