@@ -631,7 +631,8 @@ CREATE FUNCTION throttle.claim(queue text, worker text, lease interval DEFAULT '
 RETURNS SETOF throttle.event
 AS 'MODULE_PATHNAME', 'pg_throttle_claim'
 LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET enable_seqscan = off;  -- index lookups, whatever the plans' statistics said
+SET enable_seqscan = off  -- index lookups, whatever the plans' statistics said
+SET jit = off;  -- kept plans whose cost grows with the table: no compile per call (a claim: 20 - 50 ms)
 COMMENT ON FUNCTION throttle.claim(text, text, interval, integer) IS
     'Claims up to max due events without a group_key for worker until lease: claims whose lease expired, then pending events with run_at <= now, higher priority first, then oldest first; never waits for rows another worker is claiming. The events carry the claim''s claim_token, which complete, fail and extend need. Grouped events are claimed with throttle.claim_group; an expired claim of claim_group whose item_key has a due run without a group_key is ended first (cancelled, superseded by that run).';
 
@@ -640,7 +641,8 @@ CREATE FUNCTION throttle.claim_group(queue text, worker text, lease interval DEF
 RETURNS SETOF throttle.event
 AS 'MODULE_PATHNAME', 'pg_throttle_claim_group'
 LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET enable_seqscan = off;  -- index lookups, whatever the plans' statistics said
+SET enable_seqscan = off  -- index lookups, whatever the plans' statistics said
+SET jit = off;  -- kept plans whose cost grows with the table: no compile per call (a claim: 20 - 50 ms)
 COMMENT ON FUNCTION throttle.claim_group(text, text, interval, integer) IS
     'Claims the due events of one group of the queue (every one, or the oldest max) for worker until lease. While the lease holds no other worker gets any event of that group, including events that become due meanwhile; a queue in throttle.group_policy lets that many claims hold a group at once, each with events no other holds, or keeps a group''s events in strict order. An expired claim of throttle.claim whose item_key has a due grouped run is ended first (cancelled, superseded by that run). Returns no rows when no group is free.';
 
@@ -692,7 +694,8 @@ CREATE FUNCTION throttle.complete(ids bigint[], token bigint)
 RETURNS integer
 AS 'MODULE_PATHNAME', 'pg_throttle_complete'
 LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET enable_seqscan = off;  -- its statements reach events by primary key (claim_lock.cpp)
+SET enable_seqscan = off  -- its statements reach events by primary key (claim_lock.cpp)
+SET jit = off;  -- kept plans whose cost grows with the table: no compile per call
 COMMENT ON FUNCTION throttle.complete(bigint[], bigint) IS
     'Marks the events done, if the claim token still holds them and the caller is the claim''s role (or may act for it); returns how many. A worker whose claim was taken over gets 0.';
 
@@ -700,7 +703,8 @@ CREATE FUNCTION throttle.fail(ids bigint[], token bigint, error text, retry_in i
 RETURNS integer
 AS 'MODULE_PATHNAME', 'pg_throttle_fail'  -- src/pg/queue/fail.cpp
 LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET enable_seqscan = off;  -- its statements reach events by primary key (claim_lock.cpp)
+SET enable_seqscan = off  -- its statements reach events by primary key (claim_lock.cpp)
+SET jit = off;  -- kept plans whose cost grows with the table: no compile per call
 COMMENT ON FUNCTION throttle.fail(bigint[], bigint, text, interval) IS
     'Records a failed attempt (in throttle.event_attempt, and failed_at): keeps the error and retries after retry_in, or 10 s * 2^(attempts-1) up to 1 hour; after max_attempts the event is dead, and when its item_key was scheduled again meanwhile it is cancelled, superseded by that newer run. In a group kept in strict order (throttle.group_policy) the claim''s later events of the group go back to pending behind the failed one, their attempt not counted. Only through the claim token that holds the events, by the claim''s role; returns how many failed.';
 
@@ -716,7 +720,8 @@ CREATE FUNCTION throttle.extend(ids bigint[], token bigint, lease interval)
 RETURNS integer
 AS 'MODULE_PATHNAME', 'pg_throttle_extend'
 LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET enable_seqscan = off;  -- its statements reach events by primary key (claim_lock.cpp)
+SET enable_seqscan = off  -- its statements reach events by primary key (claim_lock.cpp)
+SET jit = off;  -- kept plans whose cost grows with the table: no compile per call
 COMMENT ON FUNCTION throttle.extend(bigint[], bigint, interval) IS
     'Extends the claim token on the events to lease from now (and the group''s lease), by the claim''s role, while its lease holds: a claim whose lease has ended is not revived. Returns how many.';
 

@@ -1,6 +1,6 @@
 -- The event queue: signatures, error codes, privileges, index use.
 BEGIN;
-SELECT plan(67);
+SELECT plan(68);
 SET LOCAL pg_throttle.test_clock = '2038-01-01 00:00:00+00';
 
 SELECT has_table('throttle', 'event', 'catalog table throttle.event');
@@ -97,6 +97,15 @@ SELECT throws_ok($$SELECT throttle._event_check()$$, '39P01', NULL,
     'the trigger function cannot be called as a function');
 SELECT ok(NOT has_function_privilege('public', 'throttle._event_check()', 'EXECUTE'),
     'nor is it granted to anyone');
+SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
+                WHERE p.pronamespace = 'throttle'::regnamespace AND 'jit=off' = ANY (p.proconfig)
+                ORDER BY 1),
+          ARRAY['throttle.claim(text,text,interval,integer)',
+                'throttle.claim_group(text,text,interval,integer)',
+                'throttle.complete(bigint[],bigint)',
+                'throttle.extend(bigint[],bigint,interval)',
+                'throttle.fail(bigint[],bigint,text,interval)'],
+    'the calls that run kept plans on throttle.event never JIT-compile them (their cost grows with the table)');
 -- A pending event without attempts left, as a dump of 0.3.0 holds (its release_group
 -- left them): stored dead, as its next claim would have made it; claim's lean path
 -- takes only events with attempts left, and would otherwise pass it over forever.
