@@ -153,7 +153,13 @@ def plot(meta, out):
         load.plot(x, [r["completed"] / meta["sample_seconds"] for r in rows], label="completed/s")
         load.plot(x, [r["enqueued"] / meta["sample_seconds"] for r in rows], linestyle="--",
                   label="enqueued/s")
-        load.plot(x, [r["backlog"] for r in rows], linestyle=":", label="backlog (pending)")
+        load.set_ylabel("events/s")
+        # The backlog on an axis of its own: it can grow past the rates by orders of magnitude.
+        backlog = load.twinx()
+        backlog.plot(x, [r["backlog"] for r in rows], color="C2", linestyle=":",
+                     label="backlog (pending)")
+        backlog.set_ylabel("backlog (pending events)")
+        backlog.legend(fontsize=7, loc="upper right")
         load.set_xlabel("minutes")
         for ax in axes[:, col]:
             ax.axvspan(opened / 60, closed / 60, color="grey", alpha=0.2,
@@ -162,8 +168,9 @@ def plot(meta, out):
             ax.axvline(meta["reference_s"] / 60, color="grey", linestyle="-.", linewidth=0.8)
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7, loc="upper left")
+    # Two lines: one would run past the figure's width.
     fig.suptitle(f"pg_throttle sustained run: {meta['rate']:g} events/s, {meta['workers']} workers, "
-                 f"{meta['minutes']:g} min, autovacuum defaults (grey: the old snapshot; "
+                 f"{meta['minutes']:g} min, autovacuum defaults\n(grey: the old snapshot; "
                  f"dash-dot: the reference sample; dotted: recovery deadline)", fontsize=10)
     fig.tight_layout()
     path = os.path.join(out, "sustained.png")
