@@ -362,7 +362,7 @@ def complete_lock_order(tap, admin):
     two of them on one claim never deadlock: complete's one statement for
     ungrouped events too, also when its plan reads the primary key through a
     bitmap scan (which returns rows in the table's order). Row 1's live
-    version is moved after row 2's (a payload grown off its page); a heartbeat holds row 1 in an
+    version is moved after row 2's (its payload grown until it is); a heartbeat holds row 1 in an
     open transaction while complete (bitmap plans) waits, then extends row 2:
     complete must wait on row 1 holding nothing."""
     cur = admin.cursor()
@@ -374,7 +374,7 @@ def complete_lock_order(tap, admin):
         wcur.execute("SELECT id, claim_token FROM throttle.claim('d.lockorder', 'w', '10 minutes', 2) ORDER BY id")
         (id1, token), (id2, _) = wcur.fetchall()
     moved = False
-    for i in range(40):  # until row 1's live version lies after row 2's: grown off its page
+    for i in range(40):  # until row 1's live version lies after row 2's
         moved = one(admin, "SELECT (SELECT ctid FROM throttle.event WHERE id = %s)"
                            " > (SELECT ctid FROM throttle.event WHERE id = %s)", (id1, id2))[0]
         if moved:

@@ -1,6 +1,6 @@
 -- The event queue: signatures, error codes, privileges, index use.
 BEGIN;
-SELECT plan(68);
+SELECT plan(69);
 SET LOCAL pg_throttle.test_clock = '2038-01-01 00:00:00+00';
 
 SELECT has_table('throttle', 'event', 'catalog table throttle.event');
@@ -145,7 +145,8 @@ SELECT throws_ok($$INSERT INTO public.tap_not_event VALUES (1, 'k', NULL, 'pendi
     '39P01', 'throttle._event_check() runs on throttle.event only',
     'on another table, with a column of another type, the trigger refuses (no crash)');
 SET LOCAL synchronous_commit = off;
-SELECT throttle.schedule('tap.later', 'k', '2038-01-02 00:00:00+00') IS NOT NULL AS scheduled;
+SELECT ok(throttle.schedule('tap.later', 'k', '2038-01-02 00:00:00+00') IS NOT NULL,
+    'an event for later is scheduled');
 SELECT is((SELECT count(*) FROM throttle.claim('tap.later', 'w', '1 minute', 10)), 0::bigint,
     'a claim of a queue whose events are not due yet claims nothing');
 SELECT is(current_setting('synchronous_commit'), 'off',

@@ -332,16 +332,6 @@ COMMENT ON FUNCTION throttle.claim_group(text, text, interval, integer) IS
     'Claims the due events of one group of the queue (every one, or the oldest max) for worker until lease. While the lease holds no other worker gets any event of that group, including events that become due meanwhile; a queue in throttle.group_policy lets that many claims hold a group at once, each with events no other holds, or keeps a group''s events in strict order. An expired claim of throttle.claim whose item_key has a due grouped run is ended first (cancelled, superseded by that run). Returns no rows when no group is free.';
 
 
--- No call of 0.4.0 leaves a pending event with its attempts used up (a
--- replacing schedule starts its attempts again, an ended claim on its last
--- attempt leaves it dead), and claim's lean path takes only events with
--- attempts left: the ones earlier versions left so become dead now, as
--- their next claim would have made them.
-UPDATE throttle.event
-SET state = 'dead', completed_at = throttle.now(), completed_by = claimed_by,
-    last_error = coalesce(last_error, 'lease expired ' || attempts || ' times')
-WHERE state = 'pending' AND attempts >= max_attempts;
-
 -- The rules of a row of throttle.event: a C trigger in place of the five
 -- CHECK constraints, which PostgreSQL built again at every execution of a
 -- statement that writes the table (every claim). The same rules, names and
@@ -371,3 +361,15 @@ ALTER FUNCTION throttle.claim_group(text, text, interval, integer) SET jit = off
 ALTER FUNCTION throttle.complete(bigint[], bigint) SET jit = off;
 ALTER FUNCTION throttle.fail(bigint[], bigint, text, interval) SET jit = off;
 ALTER FUNCTION throttle.extend(bigint[], bigint, interval) SET jit = off;
+
+-- No call of 0.4.0 leaves a pending event with its attempts used up (a
+-- replacing schedule starts its attempts again, an ended claim on its last
+-- attempt leaves it dead), and claim's lean path takes only events with
+-- attempts left: the ones earlier versions left so become dead now, as
+-- their next claim would have made them. After the ALTER TABLE above, whose
+-- lock is held until the commit: no 0.3.0 call still running can leave one
+-- after this statement's snapshot.
+UPDATE throttle.event
+SET state = 'dead', completed_at = throttle.now(), completed_by = claimed_by,
+    last_error = coalesce(last_error, 'lease expired ' || attempts || ' times')
+WHERE state = 'pending' AND attempts >= max_attempts;
