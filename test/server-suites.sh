@@ -42,6 +42,8 @@ main)
     run_suite queue-rate prove prove --verbose test/integration/queue_rate.py || status=1
     run_suite queue-history prove prove --verbose test/integration/queue_history.py || status=1
     run_suite queue-plans prove prove --verbose test/integration/queue_plans.py || status=1
+    run_suite queue-scan-floor prove prove --verbose test/integration/queue_scan_floor.py ||
+        status=1
     run_suite group-policy prove prove --verbose test/integration/group_policy.py ||
         status=1
     run_suite concurrency-key prove prove --verbose test/integration/concurrency_key.py ||

@@ -5,6 +5,7 @@
 #include "pg/locks/lock_waiters.hpp"
 #include "pg/locks/locks.hpp"
 #include "pg/registry.hpp"
+#include "pg/queue/scan_floors.hpp"
 #include "pg/scale_out/arrivals.hpp"
 
 #include "pg/clock.hpp"
@@ -61,6 +62,7 @@ void on_shmem_request() {
     pg_throttle::pg::checkpoint_request_shmem();
     pg_throttle::pg::lease_journal_request_shmem();
     pg_throttle::pg::arrivals_request_shmem();
+    pg_throttle::pg::scan_floors_request_shmem();
     RequestAddinShmemSpace(pg_throttle::pg::waiters_shmem_size());
 }
 
@@ -74,6 +76,7 @@ void on_shmem_startup() {
     pg_throttle::pg::checkpoint_attach_shmem();
     pg_throttle::pg::lease_journal_attach_shmem();
     pg_throttle::pg::arrivals_attach_shmem();
+    pg_throttle::pg::scan_floors_attach_shmem();
     pg_throttle::pg::waiters_attach_shmem();
     LWLockRelease(AddinShmemInitLock);
     pg_throttle::pg::persistence_startup();

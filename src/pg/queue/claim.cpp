@@ -49,6 +49,7 @@
 #include "pg/queue/durable_commit.hpp"
 #include "pg/queue/event_rows.hpp"
 #include "pg/queue/mark_claimed.hpp"
+#include "pg/queue/scan_floors.hpp"
 #include "pg/registry.hpp"
 
 namespace pg_throttle::pg {
@@ -108,13 +109,37 @@ KeptPlan expired_claims{
     "        WHERE k.queue = $1 AND k.state = 'pending'" \
     "          AND k.concurrency_key IS NOT NULL)"
 
+// And the count of the queue's scan floor (scan_floors.hpp) at the priority
+// $3 its slot tracks, from $4, $5: the first pending ungrouped event there
+// (f). When no event of a higher priority is pending, that priority is the
+// highest if f found one, else the highest below it is (a backward scan
+// from it); only otherwise does the highest come from the scan that starts
+// at the newest events of every priority, which, with the queue drained
+// and entries of finished claims kept by an old snapshot, walks them all.
+#define HIGHEST_PENDING_PRIORITY \
+    "CASE WHEN $3::integer IS NULL"                                                        \
+    "       OR EXISTS (SELECT 1 FROM throttle.event h"                                     \
+    "                  WHERE h.queue = $1 AND h.state = 'pending' AND h.group_key IS NULL" \
+    "                    AND h.priority > $3)"                                             \
+    "     THEN " TOP_PENDING_PRIORITY("")                                                  \
+    "     WHEN f.id IS NOT NULL THEN $3"                                                   \
+    "     ELSE " TOP_PENDING_PRIORITY(" AND e.priority < $3") " END"
+#define FIRST_AT_TRACKED_PRIORITY                                           \
+    " LEFT JOIN LATERAL (SELECT e.run_at, e.id FROM throttle.event e"       \
+    "   WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL" \
+    "     AND e.priority = $3 AND (e.run_at, e.id) >= ($4, $5)"             \
+    "   ORDER BY e.run_at, e.id LIMIT 1) f ON true"
+
 KeptPlan claim_start{
-    "SELECT " TOP_PENDING_PRIORITY("") ", " ANY_EXPIRED_CLAIM("IS NULL") ", " ANY_EXPIRED_CLAIM(
-        "IS NOT NULL") ", " ANY_KEYED_PENDING
-                       ", " PG_THROTTLE_QUEUE_BUCKET_COLUMNS PG_THROTTLE_QUEUE_BUCKET_FROM,
-    2,
-    {TEXTOID, TIMESTAMPTZOID},
+    "SELECT " HIGHEST_PENDING_PRIORITY ", " ANY_EXPIRED_CLAIM("IS NULL") ", " ANY_EXPIRED_CLAIM(
+        "IS NOT NULL") ", " ANY_KEYED_PENDING ", " PG_THROTTLE_QUEUE_BUCKET_COLUMNS
+                       ", f.run_at, f.id" PG_THROTTLE_QUEUE_BUCKET_FROM FIRST_AT_TRACKED_PRIORITY,
+    5,
+    {TEXTOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, INT8OID},
     nullptr};
+
+#undef FIRST_AT_TRACKED_PRIORITY
+#undef HIGHEST_PENDING_PRIORITY
 
 #undef ANY_KEYED_PENDING
 #undef ANY_EXPIRED_CLAIM
@@ -124,7 +149,9 @@ enum StartColumn : int {
     kAnyExpired = 2,
     kAnyGroupExpired = 3,
     kAnyKeyed = 4,
-    kBucket = 5
+    kBucket = 5,  // to 8
+    kFirstRunAt = 9,
+    kFirstId = 10
 };
 
 KeptPlan any_blocking{
@@ -172,7 +199,8 @@ KeptPlan due_events{
 // on the version it locks), and the UPDATE reaches them by primary key.
 // Only events with attempts left are candidates: no call leaves a pending
 // event without them (the upgrade to 0.4.0 made the ones earlier versions
-// left dead).
+// left dead). The scan starts at the queue's scan floor ($9, $10), before
+// which no event of the priority is pending.
 KeptPlan claim_due_lean{
     "WITH claimed AS ("
     "  UPDATE throttle.event u"
@@ -181,12 +209,14 @@ KeptPlan claim_due_lean{
     "  WHERE u.id = ANY (ARRAY("
     "      SELECT e.id FROM throttle.event e" DUE_AT_LEVEL
     "        AND e.concurrency_key IS NULL AND e.attempts < e.max_attempts"
+    "        AND (e.run_at, e.id) >= ($9, $10)"
     "      ORDER BY e.run_at, e.id LIMIT $4 FOR UPDATE OF e SKIP LOCKED))"
     "    AND upper(u.state) = 'PENDING'"
     "  RETURNING u.*)"
     " SELECT * FROM claimed ORDER BY run_at, id",
-    8,
-    {TEXTOID, INT4OID, TIMESTAMPTZOID, INT4OID, TEXTOID, INTERVALOID, INT8OID, OIDOID},
+    10,
+    {TEXTOID, INT4OID, TIMESTAMPTZOID, INT4OID, TEXTOID, INTERVALOID, INT8OID, OIDOID,
+     TIMESTAMPTZOID, INT8OID},
     nullptr};
 
 #undef DUE_AT_LEVEL
@@ -216,6 +246,7 @@ struct Scan {
     int full_arg;   // then open, after, after_id
     Datum after;    // the last row's order column (lease_until, run_at)
     Datum after_id;
+    core::QueuePosition floor;  // where the scan starts
 };
 
 // Takes, of the rows in SPI_tuptable (id, concurrency_key, order column),
@@ -246,8 +277,10 @@ bool take_rows(Scan* scan, Ids* taken, ConcurrencyKeys* keys, int max) {
 // for it: a pass that returned all it was asked for and left some for their
 // key runs again, from where it stopped, without the keys now full.
 void scan_until_full(Scan* scan, Ids* taken, ConcurrencyKeys* keys, int max) {
-    scan->after = TimestampTzGetDatum(DT_NOBEGIN);
-    scan->after_id = Int64GetDatum(0);
+    // Just before the floor: the scans go on after ($after, $after_id).
+    const bool at_start = scan->floor == core::kQueueStart;
+    scan->after = TimestampTzGetDatum(at_start ? DT_NOBEGIN : scan->floor.run_at);
+    scan->after_id = Int64GetDatum(at_start ? 0 : scan->floor.id - 1);
     char nulls[kMaxPlanArgs];
     for (;;) {
         const int32 wanted = max - taken->count;
@@ -288,22 +321,48 @@ bool priority_below(Datum queue, int32 below, int32* level) {
 struct Start {
     bool have_level;  // a pending event without a group_key: the highest priority
     int32 level;
+    core::QueuePosition floor;  // the scan floor of `level` (core::kQueueStart: none)
     bool expired_found;
     bool group_expired_found;
     bool any_keyed;
     ClaimLimit limit;
 };
 
+// The position in columns kFirstRunAt, kFirstId of `row`, or core::kQueueEnd.
+core::QueuePosition first_in_row(HeapTuple row, TupleDesc desc) {
+    bool run_at_null = true;
+    bool id_null = true;
+    const Datum run_at = SPI_getbinval(row, desc, kFirstRunAt, &run_at_null);
+    const Datum id = SPI_getbinval(row, desc, kFirstId, &id_null);
+    if (run_at_null || id_null) {
+        return core::kQueueEnd;
+    }
+    return core::QueuePosition{DatumGetTimestampTz(run_at), DatumGetInt64(id)};
+}
+
 Start claim_start_of(Datum queue, Datum now) {
-    Datum args[2] = {queue, now};
-    run_kept_plan(&claim_start, args, nullptr, SPI_OK_SELECT, 1);
+    const text* queue_name = DatumGetTextPP(queue);
+    // Begun before the statement takes its snapshot (scan_floors.hpp).
+    const FloorCountOf count = scan_floor_count_begin(queue_name);
+    Datum args[5] = {queue, now, Int32GetDatum(count.priority),
+                     TimestampTzGetDatum(count.count.from.run_at),
+                     Int64GetDatum(count.count.from.id)};
+    const char nulls[5] = {' ', ' ', count.tracked ? ' ' : 'n', ' ', ' '};
+    run_kept_plan(&claim_start, args, nulls, SPI_OK_SELECT, 1);
     const HeapTuple row = SPI_tuptable->vals[0];
     const TupleDesc desc = SPI_tuptable->tupdesc;
+    const core::QueuePosition floor = scan_floor_count_end(count, first_in_row(row, desc));
     Start start{};
     bool is_null = false;
     const Datum top = SPI_getbinval(row, desc, kTopPriority, &is_null);
     start.have_level = !is_null;
     start.level = is_null ? 0 : DatumGetInt32(top);
+    start.floor = core::kQueueStart;
+    if (start.have_level && count.tracked && start.level == count.priority) {
+        start.floor = floor;
+    } else if (start.have_level) {
+        scan_floor_track(queue_name, start.level);
+    }
     start.expired_found = DatumGetBool(SPI_getbinval(row, desc, kAnyExpired, &is_null));
     start.group_expired_found = DatumGetBool(SPI_getbinval(row, desc, kAnyGroupExpired, &is_null));
     start.any_keyed = DatumGetBool(SPI_getbinval(row, desc, kAnyKeyed, &is_null));
@@ -325,26 +384,33 @@ bool any_blocking_claim(Datum queue, Datum now) {
 
 // The lean path of a claim of up to `max` events, from the priority `level`
 // down; the events claimed become the function's result.
-void claim_lean(FunctionCallInfo fcinfo, Datum queue, int32 level, Datum now, int32 max) {
+void claim_lean(FunctionCallInfo fcinfo, Datum queue, const Start& start, Datum now, int32 max) {
+    int32 level = start.level;
+    core::QueuePosition floor = start.floor;
     // Taken before the statement that writes it, also when it claims
     // nothing (tokens grow, not densely).
     const int64 token = new_claim_token();
-    Datum args[8] = {queue,
-                     0,
-                     now,
-                     0,
-                     PG_GETARG_DATUM(1),
-                     PG_GETARG_DATUM(2),
-                     Int64GetDatum(token),
-                     ObjectIdGetDatum(GetOuterUserId())};
+    Datum args[10] = {queue,
+                      0,
+                      now,
+                      0,
+                      PG_GETARG_DATUM(1),
+                      PG_GETARG_DATUM(2),
+                      Int64GetDatum(token),
+                      ObjectIdGetDatum(GetOuterUserId()),
+                      0,
+                      0};
     InitMaterializedSRF(fcinfo, 0);
     int32 claimed = 0;
     do {
         args[1] = Int32GetDatum(level);
         args[3] = Int32GetDatum(max - claimed);
+        args[8] = TimestampTzGetDatum(floor.run_at);
+        args[9] = Int64GetDatum(floor.id);
         run_kept_plan(&claim_due_lean, args, nullptr, SPI_OK_SELECT);
         add_events(fcinfo, SPI_tuptable, SPI_processed);
         claimed += static_cast<int32>(SPI_processed);
+        floor = core::kQueueStart;  // the priorities below have none
     } while (claimed < max && priority_below(queue, level, &level));
     if (claimed > 0) {
         require_durable_commit();
@@ -369,16 +435,18 @@ void claim_by_scans(FunctionCallInfo fcinfo, Datum queue, Datum now, const Start
 
     if (start.expired_found) {
         Datum expired_args[7] = {queue, now, 0, 0, 0, 0, 0};
-        Scan expired{&expired_claims, expired_args, 2, 3, 0, 0};
+        Scan expired{&expired_claims, expired_args, 2, 3, 0, 0, core::kQueueStart};
         scan_until_full(&expired, &taken, &keys, max);
     }
     const bool any_expired = taken.count > 0;
 
     bool have_level = taken.count < max && start.have_level;
+    core::QueuePosition floor = start.floor;
     while (have_level) {
         Datum due_args[8] = {queue, Int32GetDatum(level), now, 0, 0, 0, 0, 0};
-        Scan due{&due_events, due_args, 3, 4, 0, 0};
+        Scan due{&due_events, due_args, 3, 4, 0, 0, floor};
         scan_until_full(&due, &taken, &keys, max);
+        floor = core::kQueueStart;  // the priorities below have none
         if (taken.count >= max) {
             break;
         }
@@ -442,7 +510,7 @@ Datum claim(FunctionCallInfo fcinfo) {
             end_blocking_claims(queue, DatumGetTimestampTz(now), Claimer::kClaim);
         }
         if (!start.limit.limited && !start.expired_found && !start.any_keyed) {
-            claim_lean(fcinfo, queue, start.level, now, max);
+            claim_lean(fcinfo, queue, start, now, max);
         } else {
             claim_by_scans(fcinfo, queue, now, start, max);
         }

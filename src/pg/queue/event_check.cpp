@@ -27,6 +27,7 @@
 
 // The core's headers (through clock.hpp) come before PostgreSQL's.
 #include "pg/clock.hpp"
+#include "pg/queue/scan_floors.hpp"
 #include "pg/boundary.hpp"
 
 extern "C" {
@@ -50,13 +51,18 @@ enum Column : int {
     kCompletedBy,
     kClaimedBy,
     kLastError,
+    kRunAt,
+    kId,
+    kPriority,
     kColumns
 };
 constexpr const char* kNames[kColumns] = {
-    "queue",    "item_key",     "group_key",    "state",      "max_attempts", "concurrency_key",
-    "attempts", "completed_at", "completed_by", "claimed_by", "last_error"};
-constexpr Oid kTypes[kColumns] = {TEXTOID, TEXTOID,        TEXTOID, TEXTOID, INT4OID, TEXTOID,
-                                  INT4OID, TIMESTAMPTZOID, TEXTOID, TEXTOID, TEXTOID};
+    "queue",           "item_key", "group_key",    "state",        "max_attempts",
+    "concurrency_key", "attempts", "completed_at", "completed_by", "claimed_by",
+    "last_error",      "run_at",   "id",           "priority"};
+constexpr Oid kTypes[kColumns] = {TEXTOID, TEXTOID,        TEXTOID,        TEXTOID, INT4OID,
+                                  TEXTOID, INT4OID,        TIMESTAMPTZOID, TEXTOID, TEXTOID,
+                                  TEXTOID, TIMESTAMPTZOID, INT8OID,        INT4OID};
 
 // The columns' numbers in the table, looked up by name on first use and
 // checked by name and type on every use (a table made again may number them
@@ -142,6 +148,28 @@ HeapTuple spent_pending_dead(HeapTuple row, TupleDesc desc) {
     return heap_modify_tuple_by_cols(row, desc, 4, columns, values, nulls);
 }
 
+// A pending event without a group_key: its position goes to the queue's
+// scan floor when the transaction commits (scan_floors.hpp).
+void note_pending(HeapTuple row, TupleDesc desc) {
+    text* state = nullptr;
+    text* queue = nullptr;
+    if (!text_of(row, desc, kState, &state) || !text_is(state, "pending") ||
+        !is_null(row, desc, kGroupKey) || !text_of(row, desc, kQueue, &queue)) {
+        return;
+    }
+    bool run_at_null = true;
+    bool id_null = true;
+    bool priority_null = true;
+    const Datum run_at = heap_getattr(row, attnum_of(desc, kRunAt), desc, &run_at_null);
+    const Datum id = heap_getattr(row, attnum_of(desc, kId), desc, &id_null);
+    const Datum priority = heap_getattr(row, attnum_of(desc, kPriority), desc, &priority_null);
+    if (run_at_null || id_null || priority_null) {
+        return;  // NOT NULL, checked after the trigger, refuses it
+    }
+    scan_floor_note_pending(queue, DatumGetInt32(priority),
+                            core::QueuePosition{DatumGetTimestampTz(run_at), DatumGetInt64(id)});
+}
+
 Datum event_check(FunctionCallInfo fcinfo) {
     if (!CALLED_AS_TRIGGER(fcinfo)) {
         ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
@@ -178,7 +206,9 @@ Datum event_check(FunctionCallInfo fcinfo) {
     if (!is_null(row, desc, kConcurrencyKey) && !is_null(row, desc, kGroupKey)) {
         violated(rel, "event_concurrency_key_ungrouped");
     }
-    return PointerGetDatum(spent_pending_dead(row, desc));
+    const HeapTuple stored = spent_pending_dead(row, desc);
+    note_pending(stored, desc);
+    return PointerGetDatum(stored);
 }
 
 }  // namespace
