@@ -7,7 +7,10 @@
 // transaction holds (SKIP LOCKED):
 //  0. the highest priority of the pending events, whether any claim (of
 //     either claimer) expired, whether the queue has pending events with a
-//     concurrency_key, and its bucket, in one statement;
+//     concurrency_key, its bucket, and its scan floor counted again (where
+//     the first pending event of the priority its slot tracks is:
+//     scan_floors.hpp), in one statement; the scans of that priority start
+//     at the floor;
 //  -  when an expired claim of claim_group holds back a due event without a
 //     group_key (a newer run of its item_key), that claim ended first
 //     (blocking_claims.hpp);

@@ -15,6 +15,11 @@
 // the time, completed_by its last worker, last_error kept or 'lease expired
 // N times'.
 //
+// And it notes the position of each pending event without a group_key it
+// lets through, for the queue's scan floor, reported when the transaction
+// commits (scan_floors.hpp): every write of the table, whoever makes it,
+// passes here.
+//
 // The trigger is ENABLE ALWAYS: it also runs under session_replication_role
 // = replica (a logical replication apply worker), as CHECK constraints did.
 //
