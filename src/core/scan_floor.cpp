@@ -21,13 +21,19 @@ void scan_floor_note_write(ScanFloor* floor, QueuePosition at) noexcept {
     }
 }
 
+FloorCount scan_floor_peek(const ScanFloor& floor, std::int64_t now,
+                           std::int64_t recount_after) noexcept {
+    FloorCount count{};
+    count.from_start = floor.floor == kQueueStart || now - floor.counted_at >= recount_after ||
+                       now < floor.counted_at;
+    count.from = count.from_start ? kQueueStart : floor.floor;
+    count.reader = -1;
+    return count;
+}
+
 FloorCount scan_floor_begin(ScanFloor* floor, std::int32_t owner, std::int64_t now,
                             std::int64_t recount_after) noexcept {
-    FloorCount count{};
-    count.from_start = floor->floor == kQueueStart || now - floor->counted_at >= recount_after ||
-                       now < floor->counted_at;
-    count.from = count.from_start ? kQueueStart : floor->floor;
-    count.reader = -1;
+    FloorCount count = scan_floor_peek(*floor, now, recount_after);
     for (int i = 0; i < kFloorReaders; i++) {
         FloorReader& reader = floor->readers[i];
         if (reader.owner == 0) {
@@ -44,12 +50,14 @@ FloorCount scan_floor_begin(ScanFloor* floor, std::int32_t owner, std::int64_t n
 
 QueuePosition scan_floor_end(ScanFloor* floor, const FloorCount& count, std::int32_t owner,
                              QueuePosition first, std::int64_t now) noexcept {
+    // Without publishing, a scan starts where the count did, or lower.
+    const QueuePosition unpublished = count.from < floor->floor ? count.from : floor->floor;
     if (count.reader < 0 || count.reader >= kFloorReaders) {
-        return floor->floor;
+        return unpublished;
     }
     FloorReader& reader = floor->readers[count.reader];
     if (reader.owner != owner || reader.ticket != count.ticket) {
-        return floor->floor;  // cleared meanwhile: the count says nothing of the new floor
+        return unpublished;  // cleared meanwhile: the count says nothing of the new floor
     }
     reader.owner = 0;
     floor->floor = reader.lowest_write < first ? reader.lowest_write : first;

@@ -5,8 +5,8 @@
 // version that vacuum removes later; while an old snapshot is open it cannot,
 // and a scan that starts at the front walks every entry left since the
 // snapshot opened. The floor is a position at or before every pending event
-// of one priority of a queue, so a scan that starts there misses none and
-// skips those entries.
+// of one priority of a queue whose commit has been reported (below), so a
+// scan that starts there misses none of them and skips those entries.
 //
 // It stays true by two rules (the protocol, for the code that keeps a floor
 // in shared memory under a lock of its own):
@@ -87,9 +87,16 @@ struct FloorCount {
 FloorCount scan_floor_begin(ScanFloor* floor, std::int32_t owner, std::int64_t now,
                             std::int64_t recount_after) noexcept;
 
+// Where a count would start, without registering (reader -1): for a scan
+// whose snapshot may be older than now, which must not publish.
+FloorCount scan_floor_peek(const ScanFloor& floor, std::int64_t now,
+                           std::int64_t recount_after) noexcept;
+
 // Ends the count `count` of `owner` that found `first` (the first pending
 // event at or after count.from, or kQueueEnd): publishes it, lowered by the
-// writes reported meanwhile, and frees the place. Returns the floor now.
+// writes reported meanwhile, and frees the place. Returns where a scan may
+// start: the floor published, or, when the count had no place (a peek, or
+// one cleared meanwhile), the lower of count.from and the floor.
 QueuePosition scan_floor_end(ScanFloor* floor, const FloorCount& count, std::int32_t owner,
                              QueuePosition first, std::int64_t now) noexcept;
 

@@ -9,14 +9,17 @@ behind, which vacuum cannot remove while an old snapshot is open. Here:
 
 - with a REPEATABLE READ snapshot held open, 3 000 jobs scheduled, claimed
   and completed; a claim then reads a few index entries, not thousands
-  (pg_stat_get_xact_tuples_returned);
+  (pg_stat_get_xact_tuples_returned), also when their leases have ended
+  (the look-up of expired claims starts at a floor of its own);
 - every way an event becomes pending behind the floor, each followed by a
   claim that must return it first: a schedule with a past run_at, a claim
-  rolled back, a schedule committed by a transaction held open across
+  rolled back, two claims of one transaction rolled back, a schedule and a
+  claim in one transaction, a schedule committed by a transaction held open across
   another session's claims, a successor whose claimed run completes, fail
   with retry_in => '0', retry of a dead event, reschedule to an earlier
-  time, a superuser's UPDATE, a higher priority and back, a transaction
-  that writes to more queues than a commit notes one by one;
+  time, a superuser's UPDATE, a higher priority and back, a REPEATABLE
+  READ claim whose snapshot is older than a schedule, a transaction that
+  writes to more queues than a commit notes one by one;
 - a race of 8 clients that schedule events due in the past, claim, and
   complete, fail or roll back at random: every event completed exactly
   once, and a claim that finds nothing means that nothing is due.
@@ -81,6 +84,11 @@ def old_snapshot(tap, db, floors):
         cur.execute("SELECT throttle.schedule('snap', 'last', now())")
     work = connect(dbname=DB, autocommit=False)
     with work.cursor() as cur:
+        # Two minutes on: the leases of the finished claims have all ended,
+        # so the look-up of expired claims meets their entries too.
+        cur.execute("SELECT set_config('pg_throttle.test_clock',"
+                    " (now() + interval '2 minutes')::text, false)")
+        work.commit()
         before = rows_read(cur)
         cur.execute("SELECT item_key FROM throttle.claim('snap', 'w', '1 minute', 1)")
         got = cur.fetchall()
@@ -128,6 +136,24 @@ def behind_the_floor(tap, db):
 
     first = claim(db, q) or None
     tap.is_(first, None, "(still nothing)")
+    schedule(db, q, "t1", "50 minutes")
+    schedule(db, q, "t2", "49 minutes")
+    db.autocommit = False
+    tap.is_(claimed_keys(db, q) + claimed_keys(db, q), ["t1", "t2"],
+            "two claims in one transaction take t1, then t2")
+    db.rollback()
+    db.autocommit = True
+    tap.is_(claimed_keys(db, q, 2), ["t1", "t2"], "rolled back, both are claimed again")
+
+    db.autocommit = False
+    with db.cursor() as cur:
+        cur.execute("SELECT throttle.schedule(%s, 'own', now() - interval '4 hours')", (q,))
+    tap.is_(claimed_keys(db, q), ["own"],
+            "a claim takes what its own transaction scheduled, behind the floor")
+    db.rollback()
+    db.autocommit = True
+    tap.is_(claimed_keys(db, q), [], "(rolled back, it is gone)")
+
     schedule(db, q, "key", "10 minutes")
     run = claim(db, q)
     schedule(db, q, "key", "20 minutes")  # a successor, behind, waiting for the claimed run
@@ -173,6 +199,20 @@ def behind_the_floor(tap, db):
     tap.is_(claimed_keys(db, q), ["high"], "a higher priority comes first")
     schedule(db, q, "low2", "2 hours")
     tap.is_(claimed_keys(db, q, 2), ["low2", "low"], "then the lower one, oldest first")
+
+    schedule(db, q, "rr1", "1 minute")
+    tap.is_(claimed_keys(db, q), ["rr1"], "(a claim counts the floor)")
+    schedule(db, q, "rr2", "30 seconds")
+    repeatable = connect(dbname=DB, autocommit=False)
+    with repeatable.cursor() as cur:
+        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        cur.execute("SELECT 1")  # its snapshot, before the next schedule
+    schedule(db, q, "rr-old", "5 hours")
+    tap.is_(claimed_keys(repeatable, q), ["rr2"],
+            "a REPEATABLE READ claim, its snapshot older than a schedule, takes what it sees")
+    repeatable.commit()
+    repeatable.close()
+    tap.is_(claimed_keys(db, q), ["rr-old"], "the event its snapshot did not show is claimed next")
 
     with db.cursor() as cur:
         cur.execute("SELECT throttle.schedule('side', 'a', now())")
@@ -262,7 +302,7 @@ def race(tap):
 
 
 def main():
-    tap = Tap(33)
+    tap = Tap(40)
     admin = connect()
     with admin.cursor() as cur:
         cur.execute(f"DROP DATABASE IF EXISTS {DB}")

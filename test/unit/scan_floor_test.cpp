@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <iterator>
+#include <map>
 #include <random>
 #include <set>
 #include <vector>
@@ -93,6 +95,20 @@ TEST(ScanFloor, ACountClearedMeanwhilePublishesNothing) {
     EXPECT_EQ(scan_floor_end(&floor, other, 2, at(8, 8), 0), at(8, 8));
 }
 
+TEST(ScanFloor, APeekRegistersNothing) {
+    ScanFloor floor{};
+    scan_floor_clear(&floor);
+    const FloorCount count = scan_floor_begin(&floor, 1, 0, kRecount);
+    scan_floor_end(&floor, count, 1, at(5, 5), 0);
+    const FloorCount peek = scan_floor_peek(floor, 1, kRecount);
+    EXPECT_LT(peek.reader, 0);
+    EXPECT_EQ(peek.from, at(5, 5));
+    EXPECT_EQ(scan_floor_end(&floor, peek, 1, at(9, 9), 1), at(5, 5));
+    for (const FloorReader& reader : floor.readers) {
+        EXPECT_EQ(reader.owner, 0);
+    }
+}
+
 TEST(ScanFloor, ReadersBeyondThePlacesPublishNothing) {
     ScanFloor floor{};
     scan_floor_clear(&floor);
@@ -111,32 +127,37 @@ TEST(ScanFloor, ReadersBeyondThePlacesPublishNothing) {
 
 // A model of the protocol: writers commit pending events and report them
 // some steps later; claims take pending events; readers begin, take a
-// snapshot some steps later, and publish some steps after that, all
-// interleaved at random. Whenever no write is unreported, every pending
-// event is at or after the floor.
+// snapshot some steps later, and end some steps after that, all interleaved
+// at random. Whenever no write is unreported, every pending event is at or
+// after the floor; and where a reader's end says a scan may start is at or
+// before every event its snapshot showed pending that was reported before
+// it began.
 TEST(ScanFloor, NoPendingEventIsEverBelowTheFloor) {
     std::mt19937_64 random(42);
-    for (int round = 0; round < 200; round++) {
+    constexpr std::int64_t kUnreported = std::numeric_limits<std::int64_t>::max();
+    for (int round = 0; round < 300; round++) {
         ScanFloor floor{};
         scan_floor_clear(&floor);
-        std::set<std::pair<std::int64_t, std::int64_t>> pending;
+        std::map<std::pair<std::int64_t, std::int64_t>, std::int64_t> pending;  // -> reported at
         std::vector<QueuePosition> unreported;
         struct Reader {
             std::int32_t owner;
             FloorCount count;
+            std::int64_t began;
             bool snapped;
             QueuePosition first;
+            QueuePosition bound;  // the lowest event seen pending, reported before `began`
         };
         std::vector<Reader> readers;
         std::int64_t next_id = 1;
         std::int64_t now = 0;
         for (int step = 0; step < 2000; step++) {
             now++;
-            switch (random() % 6) {
+            switch (random() % 7) {
                 case 0: {  // a write commits (run_at anywhere, often in the past)
                     const QueuePosition p =
                         at(static_cast<std::int64_t>(random() % 500), next_id++);
-                    pending.insert({p.run_at, p.id});
+                    pending[{p.run_at, p.id}] = kUnreported;
                     unreported.push_back(p);
                     break;
                 }
@@ -144,6 +165,10 @@ TEST(ScanFloor, NoPendingEventIsEverBelowTheFloor) {
                     if (!unreported.empty()) {
                         const size_t i = random() % unreported.size();
                         scan_floor_note_write(&floor, unreported[i]);
+                        auto it = pending.find({unreported[i].run_at, unreported[i].id});
+                        if (it != pending.end()) {
+                            it->second = now;
+                        }
                         unreported.erase(unreported.begin() + static_cast<long>(i));
                     }
                     break;
@@ -155,35 +180,58 @@ TEST(ScanFloor, NoPendingEventIsEverBelowTheFloor) {
                         }
                     }
                     break;
-                case 3: {  // a reader begins
-                    const auto owner = static_cast<std::int32_t>(1 + random() % 20);
-                    readers.push_back(
-                        Reader{owner, scan_floor_begin(&floor, owner, now, 300), false, kQueueEnd});
-                    break;
-                }
-                case 4:  // a reader takes its snapshot and counts
-                    for (Reader& reader : readers) {
-                        if (!reader.snapped) {
-                            auto it = pending.lower_bound(
-                                {reader.count.from.run_at, reader.count.from.id});
-                            reader.first =
-                                it == pending.end() ? kQueueEnd : at(it->first, it->second);
-                            reader.snapped = true;
-                            break;
-                        }
+                case 3:  // a cancel takes any pending event
+                    if (!pending.empty()) {
+                        auto it = pending.begin();
+                        std::advance(it, static_cast<long>(random() % pending.size()));
+                        pending.erase(it);
                     }
                     break;
-                case 5:  // a reader publishes
-                    if (!readers.empty() && readers.front().snapped) {
-                        const Reader reader = readers.front();
-                        readers.erase(readers.begin());
-                        scan_floor_end(&floor, reader.count, reader.owner, reader.first, now);
+                case 4: {  // a reader begins, or peeks
+                    const auto owner = static_cast<std::int32_t>(1 + random() % 20);
+                    const FloorCount count = random() % 5 == 0
+                                                 ? scan_floor_peek(floor, now, 300)
+                                                 : scan_floor_begin(&floor, owner, now, 300);
+                    readers.push_back(Reader{owner, count, now, false, kQueueEnd, kQueueEnd});
+                    break;
+                }
+                case 5:  // a reader takes its snapshot and counts
+                    if (!readers.empty()) {
+                        Reader& reader = readers[random() % readers.size()];
+                        if (reader.snapped) {
+                            break;
+                        }
+                        auto it =
+                            pending.lower_bound({reader.count.from.run_at, reader.count.from.id});
+                        reader.first =
+                            it == pending.end() ? kQueueEnd : at(it->first.first, it->first.second);
+                        for (const auto& [position, reported] : pending) {
+                            if (reported < reader.began) {
+                                reader.bound = at(position.first, position.second);
+                                break;
+                            }
+                        }
+                        reader.snapped = true;
+                    }
+                    break;
+                case 6:  // a reader ends, in any order
+                    if (!readers.empty()) {
+                        const size_t i = random() % readers.size();
+                        const Reader reader = readers[i];
+                        if (!reader.snapped) {
+                            break;
+                        }
+                        readers.erase(readers.begin() + static_cast<long>(i));
+                        const QueuePosition start =
+                            scan_floor_end(&floor, reader.count, reader.owner, reader.first, now);
+                        ASSERT_FALSE(reader.bound < start) << "round " << round << " step " << step;
                     }
                     break;
             }
             if (unreported.empty() && !pending.empty()) {
-                const QueuePosition lowest = at(pending.begin()->first, pending.begin()->second);
-                ASSERT_FALSE(lowest < floor.floor) << "round " << round << " step " << step;
+                const auto& lowest = pending.begin()->first;
+                ASSERT_FALSE(at(lowest.first, lowest.second) < floor.floor)
+                    << "round " << round << " step " << step;
             }
         }
     }

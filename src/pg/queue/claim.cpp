@@ -112,35 +112,62 @@ KeptPlan expired_claims{
     "        WHERE k.queue = $1 AND k.state = 'pending'" \
     "          AND k.concurrency_key IS NOT NULL)"
 
-// And the count of the queue's scan floor (scan_floors.hpp) at the priority
-// $3 its slot tracks, from $4, $5: the first pending ungrouped event there
-// (f). When no event of a higher priority is pending, that priority is the
-// highest if f found one, else the highest below it is (a backward scan
-// from it); only otherwise does the highest come from the scan that starts
-// at the newest events of every priority, which, with the queue drained
-// and entries of finished claims kept by an old snapshot, walks them all.
+// And the counts of the queue's scan floors (scan_floors.hpp) at the two
+// priorities its slot tracks, $3 above $6 (either NULL when not tracked),
+// from ($4, $5) and ($7, $8): the first pending ungrouped event at each (f1,
+// f2). The highest priority then comes from probes that start at the
+// floors, or from ranges where no entry is, whenever it can: only a
+// priority above both, or between them, is looked up by the scans that
+// start at the newest events (with the queue drained and the entries of
+// finished claims kept by an old snapshot, they walk them all).
+#define ANY_PENDING_BETWEEN(condition)                                           \
+    "EXISTS (SELECT 1 FROM throttle.event h"                                     \
+    "        WHERE h.queue = $1 AND h.state = 'pending' AND h.group_key IS NULL" \
+    "          AND " condition ")"
 #define HIGHEST_PENDING_PRIORITY \
-    "CASE WHEN $3::integer IS NULL"                                                        \
-    "       OR EXISTS (SELECT 1 FROM throttle.event h"                                     \
-    "                  WHERE h.queue = $1 AND h.state = 'pending' AND h.group_key IS NULL" \
-    "                    AND h.priority > $3)"                                             \
-    "     THEN " TOP_PENDING_PRIORITY("")                                                  \
-    "     WHEN f.id IS NOT NULL THEN $3"                                                   \
-    "     ELSE " TOP_PENDING_PRIORITY(" AND e.priority < $3") " END"
-#define FIRST_AT_TRACKED_PRIORITY                                           \
-    " LEFT JOIN LATERAL (SELECT e.run_at, e.id FROM throttle.event e"       \
-    "   WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL" \
-    "     AND e.priority = $3 AND (e.run_at, e.id) >= ($4, $5)"             \
-    "   ORDER BY e.run_at, e.id LIMIT 1) f ON true"
+    "CASE WHEN $3::integer IS NULL OR " ANY_PENDING_BETWEEN("h.priority > $3")  \
+    "     THEN " TOP_PENDING_PRIORITY("")                                        \
+    "     WHEN f1.id IS NOT NULL THEN $3"                                        \
+    "     WHEN $6::integer IS NULL"                                              \
+    "       OR " ANY_PENDING_BETWEEN("h.priority < $3 AND h.priority > $6")      \
+    "     THEN " TOP_PENDING_PRIORITY(" AND e.priority < $3")                    \
+    "     WHEN f2.id IS NOT NULL THEN $6"                                        \
+    "     ELSE " TOP_PENDING_PRIORITY(" AND e.priority < $6") " END"
+#define FIRST_AT_TRACKED_PRIORITY(f, level, run_at, id)                        \
+    " LEFT JOIN LATERAL (SELECT e.run_at, e.id FROM throttle.event e"          \
+    "   WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL"    \
+    "     AND e.priority = " level " AND (e.run_at, e.id) >= (" run_at ", " id \
+    ")"                                                                        \
+    "   ORDER BY e.run_at, e.id LIMIT 1) " f " ON true"
+
+// The look-up of expired claims without a group_key starts at the floor of
+// the queue's claims ($9, $10), which the same statement counts again (fl).
+#define ANY_EXPIRED_UNGROUPED_CLAIM                                              \
+    "EXISTS (SELECT 1 FROM throttle.event e"                                     \
+    "        WHERE e.queue = $1 AND e.state = 'claimed' AND e.lease_until <= $2" \
+    "          AND e.group_key IS NULL AND (e.lease_until, e.id) >= ($9, $10))"
+#define FIRST_CLAIM                                                         \
+    " LEFT JOIN LATERAL (SELECT e.lease_until, e.id FROM throttle.event e"  \
+    "   WHERE e.queue = $1 AND e.state = 'claimed' AND e.group_key IS NULL" \
+    "     AND (e.lease_until, e.id) >= ($9, $10)"                           \
+    "   ORDER BY e.lease_until, e.id LIMIT 1) fl ON true"
 
 KeptPlan claim_start{
-    "SELECT " HIGHEST_PENDING_PRIORITY ", " ANY_EXPIRED_CLAIM("IS NULL") ", " ANY_EXPIRED_CLAIM(
+    "SELECT " HIGHEST_PENDING_PRIORITY ", " ANY_EXPIRED_UNGROUPED_CLAIM ", " ANY_EXPIRED_CLAIM(
         "IS NOT NULL") ", " ANY_KEYED_PENDING ", " PG_THROTTLE_QUEUE_BUCKET_COLUMNS
-                       ", f.run_at, f.id" PG_THROTTLE_QUEUE_BUCKET_FROM FIRST_AT_TRACKED_PRIORITY,
-    5,
-    {TEXTOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, INT8OID},
+                       ", f1.run_at, f1.id, f2.run_at, f2.id, fl.lease_until, "
+                       "fl.id" PG_THROTTLE_QUEUE_BUCKET_FROM FIRST_AT_TRACKED_PRIORITY(
+                           "f1", "$3", "$4", "$5") FIRST_AT_TRACKED_PRIORITY("f2", "$6", "$7", "$8")
+                           FIRST_CLAIM,
+    10,
+    {TEXTOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, INT8OID, INT4OID, TIMESTAMPTZOID, INT8OID,
+     TIMESTAMPTZOID, INT8OID},
     nullptr};
 
+#undef FIRST_CLAIM
+#undef ANY_EXPIRED_UNGROUPED_CLAIM
+
+#undef ANY_PENDING_BETWEEN
 #undef FIRST_AT_TRACKED_PRIORITY
 #undef HIGHEST_PENDING_PRIORITY
 
@@ -153,8 +180,7 @@ enum StartColumn : int {
     kAnyGroupExpired = 3,
     kAnyKeyed = 4,
     kBucket = 5,  // to 8
-    kFirstRunAt = 9,
-    kFirstId = 10
+    kFirst = 9    // f1.run_at, f1.id, f2.run_at, f2.id, fl.lease_until, fl.id
 };
 
 KeptPlan any_blocking{
@@ -281,7 +307,7 @@ bool take_rows(Scan* scan, Ids* taken, ConcurrencyKeys* keys, int max) {
 // key runs again, from where it stopped, without the keys now full.
 void scan_until_full(Scan* scan, Ids* taken, ConcurrencyKeys* keys, int max) {
     // Just before the floor: the scans go on after ($after, $after_id).
-    const bool at_start = scan->floor == core::kQueueStart;
+    const bool at_start = scan->floor.id == PG_INT64_MIN;  // kQueueStart, or an id with none below
     scan->after = TimestampTzGetDatum(at_start ? DT_NOBEGIN : scan->floor.run_at);
     scan->after_id = Int64GetDatum(at_start ? 0 : scan->floor.id - 1);
     char nulls[kMaxPlanArgs];
@@ -324,19 +350,32 @@ bool priority_below(Datum queue, int32 below, int32* level) {
 struct Start {
     bool have_level;  // a pending event without a group_key: the highest priority
     int32 level;
-    core::QueuePosition floor;  // the scan floor of `level` (core::kQueueStart: none)
+    // The scan floors of the priorities the queue's slot tracks.
+    bool tracked[kFloorLevels];
+    int32 tracked_priority[kFloorLevels];
+    FloorFirsts floors;  // and where the scan of expired claims starts
+
+    // Where a scan of `priority` starts.
+    core::QueuePosition floor_of(int32 priority) const {
+        for (int i = 0; i < kFloorLevels; i++) {
+            if (tracked[i] && tracked_priority[i] == priority) {
+                return floors.levels[i];
+            }
+        }
+        return core::kQueueStart;
+    }
     bool expired_found;
     bool group_expired_found;
     bool any_keyed;
     ClaimLimit limit;
 };
 
-// The position in columns kFirstRunAt, kFirstId of `row`, or core::kQueueEnd.
-core::QueuePosition first_in_row(HeapTuple row, TupleDesc desc) {
+// The position in columns `column`, `column` + 1 of `row`, or core::kQueueEnd.
+core::QueuePosition first_in_row(HeapTuple row, TupleDesc desc, int column) {
     bool run_at_null = true;
     bool id_null = true;
-    const Datum run_at = SPI_getbinval(row, desc, kFirstRunAt, &run_at_null);
-    const Datum id = SPI_getbinval(row, desc, kFirstId, &id_null);
+    const Datum run_at = SPI_getbinval(row, desc, column, &run_at_null);
+    const Datum id = SPI_getbinval(row, desc, column + 1, &id_null);
     if (run_at_null || id_null) {
         return core::kQueueEnd;
     }
@@ -347,23 +386,44 @@ Start claim_start_of(Datum queue, Datum now) {
     const text* queue_name = DatumGetTextPP(queue);
     // Begun before the statement takes its snapshot (scan_floors.hpp).
     const FloorCountOf count = scan_floor_count_begin(queue_name);
-    Datum args[5] = {queue, now, Int32GetDatum(count.priority),
-                     TimestampTzGetDatum(count.count.from.run_at),
-                     Int64GetDatum(count.count.from.id)};
-    const char nulls[5] = {' ', ' ', count.tracked ? ' ' : 'n', ' ', ' '};
+    Datum args[10] = {queue,
+                      now,
+                      0,
+                      0,
+                      0,
+                      0,
+                      0,
+                      0,
+                      TimestampTzGetDatum(count.leases.count.from.run_at),
+                      Int64GetDatum(count.leases.count.from.id)};
+    char nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+    if (!count.leases.tracked) {
+        args[8] = TimestampTzGetDatum(DT_NOBEGIN);
+        args[9] = Int64GetDatum(PG_INT64_MIN);
+    }
+    for (int i = 0; i < kFloorLevels; i++) {
+        const LevelCount& level = count.levels[i];
+        args[2 + 3 * i] = Int32GetDatum(level.priority);
+        args[3 + 3 * i] = TimestampTzGetDatum(level.count.from.run_at);
+        args[4 + 3 * i] = Int64GetDatum(level.count.from.id);
+        nulls[2 + 3 * i] = level.tracked ? ' ' : 'n';
+    }
     run_kept_plan(&claim_start, args, nulls, SPI_OK_SELECT, 1);
     const HeapTuple row = SPI_tuptable->vals[0];
     const TupleDesc desc = SPI_tuptable->tupdesc;
-    const core::QueuePosition floor = scan_floor_count_end(count, first_in_row(row, desc));
+    const FloorFirsts first{{first_in_row(row, desc, kFirst), first_in_row(row, desc, kFirst + 2)},
+                            first_in_row(row, desc, kFirst + 4)};
     Start start{};
+    scan_floor_count_end(count, first, &start.floors);
+    for (int i = 0; i < kFloorLevels; i++) {
+        start.tracked[i] = count.levels[i].tracked;
+        start.tracked_priority[i] = count.levels[i].priority;
+    }
     bool is_null = false;
     const Datum top = SPI_getbinval(row, desc, kTopPriority, &is_null);
     start.have_level = !is_null;
     start.level = is_null ? 0 : DatumGetInt32(top);
-    start.floor = core::kQueueStart;
-    if (start.have_level && count.tracked && start.level == count.priority) {
-        start.floor = floor;
-    } else if (start.have_level) {
+    if (start.have_level && start.floor_of(start.level) == core::kQueueStart) {
         scan_floor_track(queue_name, start.level);
     }
     start.expired_found = DatumGetBool(SPI_getbinval(row, desc, kAnyExpired, &is_null));
@@ -389,7 +449,6 @@ bool any_blocking_claim(Datum queue, Datum now) {
 // down; the events claimed become the function's result.
 void claim_lean(FunctionCallInfo fcinfo, Datum queue, const Start& start, Datum now, int32 max) {
     int32 level = start.level;
-    core::QueuePosition floor = start.floor;
     // Taken before the statement that writes it, also when it claims
     // nothing (tokens grow, not densely).
     const int64 token = new_claim_token();
@@ -408,12 +467,12 @@ void claim_lean(FunctionCallInfo fcinfo, Datum queue, const Start& start, Datum 
     do {
         args[1] = Int32GetDatum(level);
         args[3] = Int32GetDatum(max - claimed);
+        const core::QueuePosition floor = start.floor_of(level);
         args[8] = TimestampTzGetDatum(floor.run_at);
         args[9] = Int64GetDatum(floor.id);
         run_kept_plan(&claim_due_lean, args, nullptr, SPI_OK_SELECT);
         add_events(fcinfo, SPI_tuptable, SPI_processed);
         claimed += static_cast<int32>(SPI_processed);
-        floor = core::kQueueStart;  // the priorities below have none
     } while (claimed < max && priority_below(queue, level, &level));
     if (claimed > 0) {
         require_durable_commit();
@@ -438,18 +497,16 @@ void claim_by_scans(FunctionCallInfo fcinfo, Datum queue, Datum now, const Start
 
     if (start.expired_found) {
         Datum expired_args[7] = {queue, now, 0, 0, 0, 0, 0};
-        Scan expired{&expired_claims, expired_args, 2, 3, 0, 0, core::kQueueStart};
+        Scan expired{&expired_claims, expired_args, 2, 3, 0, 0, start.floors.leases};
         scan_until_full(&expired, &taken, &keys, max);
     }
     const bool any_expired = taken.count > 0;
 
     bool have_level = taken.count < max && start.have_level;
-    core::QueuePosition floor = start.floor;
     while (have_level) {
         Datum due_args[8] = {queue, Int32GetDatum(level), now, 0, 0, 0, 0, 0};
-        Scan due{&due_events, due_args, 3, 4, 0, 0, floor};
+        Scan due{&due_events, due_args, 3, 4, 0, 0, start.floor_of(level)};
         scan_until_full(&due, &taken, &keys, max);
-        floor = core::kQueueStart;  // the priorities below have none
         if (taken.count >= max) {
             break;
         }

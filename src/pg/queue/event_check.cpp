@@ -59,15 +59,18 @@ enum Column : int {
     kRunAt,
     kId,
     kPriority,
+    kLeaseUntil,
     kColumns
 };
-constexpr const char* kNames[kColumns] = {
-    "queue",           "item_key", "group_key",    "state",        "max_attempts",
-    "concurrency_key", "attempts", "completed_at", "completed_by", "claimed_by",
-    "last_error",      "run_at",   "id",           "priority"};
-constexpr Oid kTypes[kColumns] = {TEXTOID, TEXTOID,        TEXTOID,        TEXTOID, INT4OID,
-                                  TEXTOID, INT4OID,        TIMESTAMPTZOID, TEXTOID, TEXTOID,
-                                  TEXTOID, TIMESTAMPTZOID, INT8OID,        INT4OID};
+constexpr const char* kNames[] = {"queue",        "item_key",        "group_key",  "state",
+                                  "max_attempts", "concurrency_key", "attempts",   "completed_at",
+                                  "completed_by", "claimed_by",      "last_error", "run_at",
+                                  "id",           "priority",        "lease_until"};
+constexpr Oid kTypes[] = {TEXTOID, TEXTOID,        TEXTOID,        TEXTOID, INT4OID,
+                          TEXTOID, INT4OID,        TIMESTAMPTZOID, TEXTOID, TEXTOID,
+                          TEXTOID, TIMESTAMPTZOID, INT8OID,        INT4OID, TIMESTAMPTZOID};
+
+static_assert(std::size(kNames) == kColumns && std::size(kTypes) == kColumns);
 
 // The columns' numbers in the table, looked up by name on first use and
 // checked by name and type on every use (a table made again may number them
@@ -153,13 +156,28 @@ HeapTuple spent_pending_dead(HeapTuple row, TupleDesc desc) {
     return heap_modify_tuple_by_cols(row, desc, 4, columns, values, nulls);
 }
 
-// A pending event without a group_key: its position goes to the queue's
-// scan floor when the transaction commits (scan_floors.hpp).
-void note_pending(HeapTuple row, TupleDesc desc) {
+// A pending event without a group_key, or a claim without one: its
+// position goes to the queue's scan floors when the transaction commits
+// (scan_floors.hpp).
+void note_for_floors(HeapTuple row, TupleDesc desc) {
     text* state = nullptr;
     text* queue = nullptr;
-    if (!text_of(row, desc, kState, &state) || !text_is(state, "pending") ||
-        !is_null(row, desc, kGroupKey) || !text_of(row, desc, kQueue, &queue)) {
+    if (!text_of(row, desc, kState, &state) || !is_null(row, desc, kGroupKey) ||
+        !text_of(row, desc, kQueue, &queue)) {
+        return;
+    }
+    if (text_is(state, "claimed")) {
+        bool lease_null = true;
+        bool id_null = true;
+        const Datum lease = heap_getattr(row, attnum_of(desc, kLeaseUntil), desc, &lease_null);
+        const Datum id = heap_getattr(row, attnum_of(desc, kId), desc, &id_null);
+        if (!lease_null && !id_null) {
+            scan_floor_note_claimed(
+                queue, core::QueuePosition{DatumGetTimestampTz(lease), DatumGetInt64(id)});
+        }
+        return;
+    }
+    if (!text_is(state, "pending")) {
         return;
     }
     bool run_at_null = true;
@@ -212,7 +230,7 @@ Datum event_check(FunctionCallInfo fcinfo) {
         violated(rel, "event_concurrency_key_ungrouped");
     }
     const HeapTuple stored = spent_pending_dead(row, desc);
-    note_pending(stored, desc);
+    note_for_floors(stored, desc);
     return PointerGetDatum(stored);
 }
 

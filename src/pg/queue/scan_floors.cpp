@@ -17,15 +17,24 @@ constexpr const char* kTrancheName = "pg_throttle scan floors";
 // triggers disabled) waits no longer than this.
 constexpr int64 kRecountAfter = 60 * USECS_PER_SEC;
 
+struct FloorLevel {
+    bool used;
+    int32 priority;
+    uint32 generation;  // bumped when the level is cleared or given to another priority
+    core::ScanFloor floor;
+};
+
 struct FloorSlot {
     Oid dbid;  // InvalidOid: free
     uint32 hash;
-    uint32 generation;  // bumped when the slot is cleared or given to another queue
-    int32 priority;
+    uint32 generation;  // bumped when the slot is given to another queue
     uint64 last_used;
     int32 queue_length;
     char queue[kQueueBytes];
-    core::ScanFloor floor;
+    FloorLevel levels[kFloorLevels];
+    // The claims without a group_key, by (lease_until, id): where the look-up
+    // of expired claims starts.
+    FloorLevel leases;
 };
 
 struct FloorsShared {
@@ -71,9 +80,19 @@ int take_slot() {
     return oldest;
 }
 
-void clear(FloorSlot* slot) {
-    slot->generation++;
-    core::scan_floor_clear(&slot->floor);
+void clear(FloorLevel* level) {
+    level->generation++;
+    core::scan_floor_clear(&level->floor);
+}
+
+// The level of `slot` that tracks `priority`, or nullptr.
+FloorLevel* level_of(FloorSlot* slot, int32 priority) {
+    for (FloorLevel& level : slot->levels) {
+        if (level.used && level.priority == priority) {
+            return &level;
+        }
+    }
+    return nullptr;
 }
 
 int queue_length_of(const text* queue) {
@@ -86,6 +105,7 @@ int queue_length_of(const text* queue) {
 // every floor of the database instead.
 constexpr int kNotes = 8;
 struct WriteNote {
+    bool claimed;  // a claim's lease (leases), else a pending event (of `priority`)
     int32 priority;
     int32 queue_length;
     char queue[kQueueBytes];
@@ -106,7 +126,10 @@ void report_notes() {
     if (notes_overflowed) {
         for (FloorSlot& slot : shared->slots) {
             if (slot.dbid == MyDatabaseId) {
-                clear(&slot);
+                for (FloorLevel& level : slot.levels) {
+                    clear(&level);
+                }
+                clear(&slot.leases);
             }
         }
     } else {
@@ -114,8 +137,11 @@ void report_notes() {
             const WriteNote& note = notes[i];
             const int found =
                 find(note.queue, note.queue_length, hash_of(note.queue, note.queue_length));
-            if (found >= 0 && shared->slots[found].priority == note.priority) {
-                core::scan_floor_note_write(&shared->slots[found].floor, note.lowest);
+            FloorLevel* level = found < 0      ? nullptr
+                                : note.claimed ? &shared->slots[found].leases
+                                               : level_of(&shared->slots[found], note.priority);
+            if (level != nullptr) {
+                core::scan_floor_note_write(&level->floor, note.lowest);
             }
         }
     }
@@ -126,7 +152,10 @@ void abandon_open_count() {
     LWLockAcquire(lock, LW_EXCLUSIVE);
     FloorSlot& slot = shared->slots[open_count_slot];
     if (slot.generation == open_count_generation) {
-        core::scan_floor_abandon(&slot.floor, MyProcPid);
+        for (FloorLevel& level : slot.levels) {
+            core::scan_floor_abandon(&level.floor, MyProcPid);
+        }
+        core::scan_floor_abandon(&slot.leases.floor, MyProcPid);
     }
     LWLockRelease(lock);
     open_count_slot = -1;
@@ -141,8 +170,11 @@ void on_transaction(XactEvent event, void* /*arg*/) {
         case XACT_EVENT_ABORT:
         case XACT_EVENT_PARALLEL_ABORT:
             if (shared != nullptr) {
+                // At PREPARE the rows are not visible yet, and the commit
+                // comes elsewhere (floors are off with prepared
+                // transactions on: there are no notes then).
                 const bool committed =
-                    event != XACT_EVENT_ABORT && event != XACT_EVENT_PARALLEL_ABORT;
+                    event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT;
                 if (committed && (note_count > 0 || notes_overflowed)) {
                     report_notes();
                 }
@@ -167,6 +199,24 @@ void register_callback() {
     }
 }
 
+// `from`, lowered to the lowest pending event this transaction wrote to
+// (queue, priority) and has not reported yet.
+core::QueuePosition below_own_notes(core::QueuePosition from, const char* queue, int length,
+                                    bool claimed, int32 priority) {
+    if (notes_overflowed) {
+        return core::kQueueStart;
+    }
+    for (int i = 0; i < note_count; i++) {
+        const WriteNote& note = notes[i];
+        if (note.claimed == claimed && (claimed || note.priority == priority) &&
+            note.queue_length == length &&
+            memcmp(note.queue, queue, static_cast<size_t>(length)) == 0 && note.lowest < from) {
+            from = note.lowest;
+        }
+    }
+    return from;
+}
+
 }  // namespace
 
 void scan_floors_request_shmem() {
@@ -184,49 +234,117 @@ void scan_floors_attach_shmem() {
     lock = &GetNamedLWLockTranche(kTrancheName)[0].lock;
 }
 
+namespace {
+
+// Begins (or, to `peek`, looks at) the count of `level`, the slot's level
+// `index` (-1: its leases). Returns whether it took a place. Under the lock.
+bool begin_level(FloorLevel* level, int index, bool peek, TimestampTz now, LevelCount* count) {
+    count->tracked = true;
+    count->priority = level->priority;
+    count->level = index;
+    count->generation = level->generation;
+    count->count = peek ? core::scan_floor_peek(level->floor, now, kRecountAfter)
+                        : core::scan_floor_begin(&level->floor, MyProcPid, now, kRecountAfter);
+    return count->count.reader >= 0;
+}
+
+// Ends the count of `level` (under the lock): where a scan may start.
+core::QueuePosition end_level(FloorLevel* level, const LevelCount& count, core::QueuePosition first,
+                              TimestampTz now) {
+    if (level->generation != count.generation) {
+        return core::kQueueStart;
+    }
+    return core::scan_floor_end(&level->floor, count.count, MyProcPid, first, now);
+}
+
+}  // namespace
+
 FloorCountOf scan_floor_count_begin(const text* queue) {
     FloorCountOf of{};
+    of.slot = -1;
     const int length = queue_length_of(queue);
-    if (!floors_on() || length < 0) {
+    // A statement of REPEATABLE READ or SERIALIZABLE counts in the
+    // transaction's snapshot, which may be older than the floor (and a
+    // serializable scan must read, and lock, what a scan from the start
+    // reads): it goes without.
+    if (!floors_on() || length < 0 || IsolationUsesXactSnapshot()) {
         return of;
     }
     register_callback();
+    if (open_count_slot >= 0) {
+        abandon_open_count();  // an error ended a claim between its count's begin and end
+    }
+    // A transaction that wrote sees its own changes, which a rollback may
+    // undo (a claim's marks): its counts use the floor, publish nothing.
+    const bool peek =
+        GetTopTransactionIdIfAny() != InvalidTransactionId || note_count > 0 || notes_overflowed;
     const char* bytes = VARDATA_ANY(queue);
     const uint32 hash = hash_of(bytes, length);
+    const TimestampTz now = GetCurrentTimestamp();
+    bool registered = false;
     LWLockAcquire(lock, LW_EXCLUSIVE);
     const int found = find(bytes, length, hash);
     if (found >= 0) {
         FloorSlot& slot = shared->slots[found];
         slot.last_used = ++shared->uses;
-        of.tracked = true;
-        of.priority = slot.priority;
         of.slot = found;
         of.generation = slot.generation;
-        of.count =
-            core::scan_floor_begin(&slot.floor, MyProcPid, GetCurrentTimestamp(), kRecountAfter);
+        for (int i = 0; i < kFloorLevels; i++) {
+            FloorLevel& level = slot.levels[i];
+            if (!level.used) {
+                continue;
+            }
+            registered = begin_level(&level, i, peek, now, &of.levels[i]) || registered;
+        }
+        registered = begin_level(&slot.leases, -1, peek, now, &of.leases) || registered;
     }
     LWLockRelease(lock);
-    if (of.tracked && of.count.reader >= 0) {
+    if (registered) {
         open_count_slot = of.slot;
         open_count_generation = of.generation;
+    }
+    for (LevelCount& count : of.levels) {
+        if (count.tracked) {
+            count.count.from =
+                below_own_notes(count.count.from, bytes, length, false, count.priority);
+        }
+    }
+    if (of.leases.tracked) {
+        of.leases.count.from = below_own_notes(of.leases.count.from, bytes, length, true, 0);
+    }
+    // The higher priority first.
+    if (of.levels[1].tracked &&
+        (!of.levels[0].tracked || of.levels[1].priority > of.levels[0].priority)) {
+        std::swap(of.levels[0], of.levels[1]);
     }
     return of;
 }
 
-core::QueuePosition scan_floor_count_end(const FloorCountOf& of, core::QueuePosition first) {
-    if (!of.tracked) {
-        return core::kQueueStart;
+void scan_floor_count_end(const FloorCountOf& of, const FloorFirsts& first, FloorFirsts* floors) {
+    for (int i = 0; i < kFloorLevels; i++) {
+        floors->levels[i] = core::kQueueStart;
     }
-    core::QueuePosition floor = core::kQueueStart;
+    floors->leases = core::kQueueStart;
+    if (of.slot < 0) {
+        return;
+    }
+    const TimestampTz now = GetCurrentTimestamp();
     LWLockAcquire(lock, LW_EXCLUSIVE);
     FloorSlot& slot = shared->slots[of.slot];
     if (slot.generation == of.generation) {
-        floor =
-            core::scan_floor_end(&slot.floor, of.count, MyProcPid, first, GetCurrentTimestamp());
+        for (int i = 0; i < kFloorLevels; i++) {
+            const LevelCount& count = of.levels[i];
+            if (count.tracked) {
+                floors->levels[i] =
+                    end_level(&slot.levels[count.level], count, first.levels[i], now);
+            }
+        }
+        if (of.leases.tracked) {
+            floors->leases = end_level(&slot.leases, of.leases, first.leases, now);
+        }
     }
     LWLockRelease(lock);
     open_count_slot = -1;
-    return floor;
 }
 
 void scan_floor_track(const text* queue, int32 priority) {
@@ -238,32 +356,47 @@ void scan_floor_track(const text* queue, int32 priority) {
     const uint32 hash = hash_of(bytes, length);
     LWLockAcquire(lock, LW_EXCLUSIVE);
     int found = find(bytes, length, hash);
-    if (found < 0 || shared->slots[found].priority != priority) {
-        if (found < 0) {
-            found = take_slot();
-        }
+    if (found < 0) {
+        found = take_slot();
         FloorSlot& slot = shared->slots[found];
-        clear(&slot);
+        slot.generation++;
         slot.dbid = MyDatabaseId;
         slot.hash = hash;
-        slot.priority = priority;
         slot.queue_length = length;
         memcpy(slot.queue, bytes, static_cast<size_t>(length));
-        slot.last_used = ++shared->uses;
+        for (FloorLevel& level : slot.levels) {
+            clear(&level);
+            level.used = false;
+        }
+        clear(&slot.leases);
+        slot.leases.used = true;
+    }
+    FloorSlot& slot = shared->slots[found];
+    slot.last_used = ++shared->uses;
+    if (level_of(&slot, priority) == nullptr) {
+        // A free level, else the one of the lower priority.
+        FloorLevel* replaced = &slot.levels[0];
+        for (FloorLevel& level : slot.levels) {
+            if (!level.used || (replaced->used && level.priority < replaced->priority)) {
+                replaced = &level;
+            }
+        }
+        clear(replaced);
+        replaced->used = true;
+        replaced->priority = priority;
     }
     LWLockRelease(lock);
 }
 
-void scan_floor_note_pending(const text* queue, int32 priority, core::QueuePosition at) {
-    if (!floors_on()) {
-        return;
-    }
+namespace {
+
+void remember_write(const text* queue, bool claimed, int32 priority, core::QueuePosition at) {
     register_callback();
     const int length = queue_length_of(queue);
     const char* bytes = VARDATA_ANY(queue);
     for (int i = 0; i < note_count; i++) {
         WriteNote& note = notes[i];
-        if (note.priority == priority && note.queue_length == length &&
+        if (note.claimed == claimed && note.priority == priority && note.queue_length == length &&
             memcmp(note.queue, bytes, static_cast<size_t>(length)) == 0) {
             if (at < note.lowest) {
                 note.lowest = at;
@@ -276,10 +409,25 @@ void scan_floor_note_pending(const text* queue, int32 priority, core::QueuePosit
         return;
     }
     WriteNote& note = notes[note_count++];
+    note.claimed = claimed;
     note.priority = priority;
     note.queue_length = length;
     memcpy(note.queue, bytes, static_cast<size_t>(length));
     note.lowest = at;
+}
+
+}  // namespace
+
+void scan_floor_note_pending(const text* queue, int32 priority, core::QueuePosition at) {
+    if (floors_on()) {
+        remember_write(queue, false, priority, at);
+    }
+}
+
+void scan_floor_note_claimed(const text* queue, core::QueuePosition lease) {
+    if (floors_on()) {
+        remember_write(queue, true, 0, lease);
+    }
 }
 
 }  // namespace pg_throttle::pg
