@@ -20,6 +20,10 @@ behind, which vacuum cannot remove while an old snapshot is open. Here:
   time, a superuser's UPDATE, a higher priority and back, a REPEATABLE
   READ claim whose snapshot is older than a schedule, a transaction that
   writes to more queues than a commit notes one by one;
+- the two priorities a queue's floors track, events between, above and
+  below them, claims with a concurrency key pending (the other path), and
+  the claims' leases: a claim whose lease ends before the earlier claims'
+  (a shorter lease, or extend to a shorter one) is taken over as it ends;
 - a race of 8 clients that schedule events due in the past, claim, and
   complete, fail or roll back at random: every event completed exactly
   once, and a claim that finds nothing means that nothing is due.
@@ -230,6 +234,60 @@ def behind_the_floor(tap, db):
                     " AND run_at <= now()", (q,))[0], 0, "and nothing is pending and due")
 
 
+def priorities_and_leases(tap, db):
+    """The two tracked priorities, the ranges around them, the path of
+    claims with concurrency keys, and the floor of the claims' leases."""
+    q = "levels"
+    schedule(db, q, "p0a", "10 minutes")
+    schedule(db, q, "p5a", "1 minute", priority=5)
+    tap.is_(claimed_keys(db, q), ["p5a"], "priority 5 first")
+    tap.is_(claimed_keys(db, q), ["p0a"], "then 0: the queue's slot tracks 5 and 0")
+    schedule(db, q, "p0b", "20 minutes")
+    schedule(db, q, "p3", "1 second", priority=3)
+    tap.is_(claimed_keys(db, q), ["p3"], "a priority between the two tracked comes before 0")
+    schedule(db, q, "p7", "1 second", priority=7)
+    tap.is_(claimed_keys(db, q), ["p7"], "one above both comes first")
+    tap.is_(claimed_keys(db, q), ["p0b"], "then 0 again")
+    one(db, "SELECT throttle.schedule(%s, 'p0-later', now() + interval '1 hour')", (q,))
+    schedule(db, q, "pm1", "1 second", priority=-1)
+    tap.is_(claimed_keys(db, q), ["pm1"],
+            "with only a future event at 0, the priority below it is claimed")
+
+    schedule(db, q, "x1", "10 minutes")
+    tap.is_(claimed_keys(db, q), ["x1"], "(the floor of 0 moves past x1)")
+    schedule(db, q, "kx", "5 minutes", concurrency_key="k")
+    schedule(db, q, "x2", "20 minutes")
+    tap.is_(claimed_keys(db, q, 2), ["x2", "kx"],
+            "with a concurrency key pending, the scans from the floor find x2 behind it")
+
+    q = "leases"
+    for key in ("a", "b", "c"):
+        schedule(db, q, key, "1 minute")
+    with db.cursor() as cur:
+        cur.execute("SELECT item_key FROM throttle.claim(%s, 'w', '1 hour')", (q,))
+        cur.execute("SELECT item_key FROM throttle.claim(%s, 'w', '1 hour')", (q,))
+        cur.execute("SELECT item_key FROM throttle.claim(%s, 'w', '1 second')", (q,))
+        short = cur.fetchall()
+    tap.is_(short, [("c",)], "(c is claimed for a second, after two claims of an hour)")
+    with db.cursor() as cur:
+        cur.execute("SELECT set_config('pg_throttle.test_clock',"
+                    " (now() + interval '10 seconds')::text, false)")
+        cur.execute("SELECT item_key, attempts FROM throttle.claim(%s, 'w', '1 hour')", (q,))
+        tap.is_(cur.fetchall(), [("c", 2)],
+                "its lease ended before the others': the next claim takes it over")
+        cur.execute("RESET pg_throttle.test_clock")
+    schedule(db, q, "d", "1 minute")
+    d = claim(db, q)
+    with db.cursor() as cur:
+        cur.execute("SELECT throttle.extend(ARRAY[%s]::bigint[], %s, '1 second')",
+                    (d[0][0], d[0][2]))
+        cur.execute("SELECT set_config('pg_throttle.test_clock',"
+                    " (now() + interval '10 seconds')::text, false)")
+        cur.execute("SELECT item_key FROM throttle.claim(%s, 'w', '1 hour')", (q,))
+        tap.is_(cur.fetchall(), [("d",)], "a lease extended to end sooner is taken over as it ends")
+        cur.execute("RESET pg_throttle.test_clock")
+
+
 def race(tap):
     """8 clients schedule, claim and end events at random."""
     q = "race"
@@ -302,7 +360,7 @@ def race(tap):
 
 
 def main():
-    tap = Tap(40)
+    tap = Tap(51)
     admin = connect()
     with admin.cursor() as cur:
         cur.execute(f"DROP DATABASE IF EXISTS {DB}")
@@ -316,6 +374,7 @@ def main():
         print(f"# max_prepared_transactions = {prepared}: scan floors are off", flush=True)
     old_snapshot(tap, db, floors=prepared == 0)
     behind_the_floor(tap, db)
+    priorities_and_leases(tap, db)
     race(tap)
     db.close()
     with admin.cursor() as cur:

@@ -423,7 +423,7 @@ Start claim_start_of(Datum queue, Datum now) {
     const Datum top = SPI_getbinval(row, desc, kTopPriority, &is_null);
     start.have_level = !is_null;
     start.level = is_null ? 0 : DatumGetInt32(top);
-    if (start.have_level && start.floor_of(start.level) == core::kQueueStart) {
+    if (!count.off && start.have_level && start.floor_of(start.level) == core::kQueueStart) {
         scan_floor_track(queue_name, start.level);
     }
     start.expired_found = DatumGetBool(SPI_getbinval(row, desc, kAnyExpired, &is_null));

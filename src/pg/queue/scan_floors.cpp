@@ -262,6 +262,7 @@ core::QueuePosition end_level(FloorLevel* level, const LevelCount& count, core::
 FloorCountOf scan_floor_count_begin(const text* queue) {
     FloorCountOf of{};
     of.slot = -1;
+    of.off = true;
     const int length = queue_length_of(queue);
     // A statement of REPEATABLE READ or SERIALIZABLE counts in the
     // transaction's snapshot, which may be older than the floor (and a
@@ -270,6 +271,7 @@ FloorCountOf scan_floor_count_begin(const text* queue) {
     if (!floors_on() || length < 0 || IsolationUsesXactSnapshot()) {
         return of;
     }
+    of.off = false;
     register_callback();
     if (open_count_slot >= 0) {
         abandon_open_count();  // an error ended a claim between its count's begin and end

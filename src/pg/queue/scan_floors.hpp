@@ -63,6 +63,7 @@ struct LevelCount {
 // The counts a claim begun for `queue` (scan_floor_count_begin): levels[0]
 // the higher priority, levels[1] the lower; and the queue's leases.
 struct FloorCountOf {
+    bool off;  // floors are off, or not for this claim (its isolation level)
     int slot;  // -1: no slot
     uint32 generation;
     LevelCount levels[kFloorLevels];
