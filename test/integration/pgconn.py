@@ -13,6 +13,30 @@ def connect(autocommit=True, **kwargs):
     return conn
 
 
+def fresh_database(name):
+    """Drops and creates the database `name` with pg_throttle in it; returns
+    (a connection to the default database, one to `name`), both autocommit."""
+    admin = connect()
+    with admin.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS {name}")
+        cur.execute(f"CREATE DATABASE {name}")
+    db = connect(dbname=name)
+    with db.cursor() as cur:
+        cur.execute("CREATE EXTENSION pg_throttle")
+    return admin, db
+
+
+def event_rows_read(cur):
+    """Rows of throttle.event the current transaction read, by sequential
+    scans and through its indexes (counts a transaction has not reported
+    yet: pg_stat_get_xact_tuples_returned)."""
+    cur.execute("SELECT pg_stat_get_xact_tuples_returned('throttle.event'::regclass),"
+                "       (SELECT sum(pg_stat_get_xact_tuples_returned(i.indexrelid)) FROM pg_index i"
+                "        WHERE i.indrelid = 'throttle.event'::regclass)")
+    seq, by_index = cur.fetchone()
+    return int(seq) + int(by_index)
+
+
 def sql_error(conn, statement, params=None):
     """Runs `statement`; returns (sqlstate, message, hint), or None when it succeeds."""
     try:

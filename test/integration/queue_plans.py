@@ -23,7 +23,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pgconn import connect, one  # noqa: E402
+from pgconn import connect, event_rows_read, fresh_database, one  # noqa: E402
 from tap import Tap  # noqa: E402
 
 DB = "queue_plans"
@@ -36,24 +36,14 @@ HELD = 2000
 BOUND = 400
 
 
-def rows_read(cur):
-    """Rows of throttle.event the current transaction read, by sequential
-    scans and through its indexes."""
-    cur.execute("SELECT pg_stat_get_xact_tuples_returned('throttle.event'::regclass),"
-                "       (SELECT sum(pg_stat_get_xact_tuples_returned(i.indexrelid)) FROM pg_index i"
-                "        WHERE i.indrelid = 'throttle.event'::regclass)")
-    seq, by_index = cur.fetchone()
-    return int(seq) + int(by_index)
-
-
 def measured(tap, conn, what, sql, params=None, plans="plans made on an empty table"):
     """Runs sql on conn in a transaction of its own; checks what it read."""
     with conn.cursor() as cur:
         cur.execute("BEGIN")
-        before = rows_read(cur)  # counts not yet reported: earlier transactions' too
+        before = event_rows_read(cur)  # counts not yet reported: earlier transactions' too
         cur.execute(sql, params)
         result = cur.fetchall()
-        read = rows_read(cur) - before
+        read = event_rows_read(cur) - before
         cur.execute("COMMIT")
     tap.ok(read <= BOUND, f"{what}: reads {read} rows of throttle.event (at most {BOUND}), {plans}")
     return result
@@ -61,13 +51,8 @@ def measured(tap, conn, what, sql, params=None, plans="plans made on an empty ta
 
 def main():
     tap = Tap(15)
-    admin = connect()
-    with admin.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {DB}")
-        cur.execute(f"CREATE DATABASE {DB}")
-    db = connect(dbname=DB)
+    admin, db = fresh_database(DB)
     with db.cursor() as cur:
-        cur.execute("CREATE EXTENSION pg_throttle")
         for table in ("event", "event_history", "event_attempt"):
             cur.execute(f"ALTER TABLE throttle.{table} SET (autovacuum_enabled = false)")
 

@@ -34,20 +34,12 @@ import sys
 import threading
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pgconn import connect, one  # noqa: E402
+from pgconn import connect, event_rows_read, fresh_database, one  # noqa: E402
 from tap import Tap  # noqa: E402
 
 DB = "queue_scan_floor"
 JOBS = 3000
 BOUND = 200  # index entries and rows a claim may read after JOBS jobs
-
-
-def rows_read(cur):
-    cur.execute("SELECT pg_stat_get_xact_tuples_returned('throttle.event'::regclass),"
-                "       (SELECT sum(pg_stat_get_xact_tuples_returned(i.indexrelid)) FROM pg_index i"
-                "        WHERE i.indrelid = 'throttle.event'::regclass)")
-    seq, by_index = cur.fetchone()
-    return int(seq) + int(by_index)
 
 
 def claim(conn, queue, max_=1):
@@ -93,13 +85,13 @@ def old_snapshot(tap, db, floors):
         cur.execute("SELECT set_config('pg_throttle.test_clock',"
                     " (now() + interval '2 minutes')::text, false)")
         work.commit()
-        before = rows_read(cur)
+        before = event_rows_read(cur)
         cur.execute("SELECT item_key FROM throttle.claim('snap', 'w', '1 minute', 1)")
         got = cur.fetchall()
-        read = rows_read(cur) - before
+        read = event_rows_read(cur) - before
         cur.execute("SELECT item_key FROM throttle.claim('snap', 'w', '1 minute', 1)")
         again = cur.fetchall()
-        read_empty = rows_read(cur) - before - read
+        read_empty = event_rows_read(cur) - before - read
         work.commit()
     tap.is_(got, [("last",)], "after 3 000 jobs under an old snapshot, the claim gets the due event")
     skip = "" if floors else " # SKIP scan floors are off"
@@ -361,13 +353,8 @@ def race(tap):
 
 def main():
     tap = Tap(51)
-    admin = connect()
-    with admin.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {DB}")
-        cur.execute(f"CREATE DATABASE {DB}")
-    db = connect(dbname=DB)
+    admin, db = fresh_database(DB)
     with db.cursor() as cur:
-        cur.execute("CREATE EXTENSION pg_throttle")
         cur.execute("SHOW max_prepared_transactions")
         prepared = int(cur.fetchone()[0])
     if prepared > 0:  # floors are off: nothing to show for them, the rules hold the same
