@@ -1,6 +1,6 @@
 -- The event queue: signatures, error codes, privileges, index use.
 BEGIN;
-SELECT plan(69);
+SELECT plan(70);
 SET LOCAL pg_throttle.test_clock = '2038-01-01 00:00:00+00';
 
 SELECT has_table('throttle', 'event', 'catalog table throttle.event');
@@ -106,6 +106,9 @@ SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
                 'throttle.extend(bigint[],bigint,interval)',
                 'throttle.fail(bigint[],bigint,text,interval)'],
     'the calls that run kept plans on throttle.event never JIT-compile them (their cost grows with the table)');
+SELECT ok((SELECT p.proconfig @> ARRAY['enable_bitmapscan=off', 'enable_sort=off']
+            FROM pg_proc p WHERE p.oid = 'throttle.claim(text,text,interval,integer)'::regprocedure),
+    'claim scans in the index''s order, whatever the statistics of its kept plans said');
 -- A pending event without attempts left, as a dump of 0.3.0 holds (its release_group
 -- left them): stored dead, as its next claim would have made it; claim's lean path
 -- takes only events with attempts left, and would otherwise pass it over forever.

@@ -361,6 +361,10 @@ ALTER FUNCTION throttle.claim_group(text, text, interval, integer) SET jit = off
 ALTER FUNCTION throttle.complete(bigint[], bigint) SET jit = off;
 ALTER FUNCTION throttle.fail(bigint[], bigint, text, interval) SET jit = off;
 ALTER FUNCTION throttle.extend(bigint[], bigint, interval) SET jit = off;
+-- And claim's scans in the index's order: a generic plan made when ANALYZE
+-- saw few pending events read them all by a bitmap scan and sorted them.
+ALTER FUNCTION throttle.claim(text, text, interval, integer) SET enable_bitmapscan = off;
+ALTER FUNCTION throttle.claim(text, text, interval, integer) SET enable_sort = off;
 
 -- No call of 0.4.0 leaves a pending event with its attempts used up (a
 -- replacing schedule starts its attempts again, an ended claim on its last
