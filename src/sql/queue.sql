@@ -632,12 +632,13 @@ RETURNS SETOF throttle.event
 AS 'MODULE_PATHNAME', 'pg_throttle_claim'
 LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off  -- index lookups, whatever the plans' statistics said
+SET jit = off  -- kept plans whose cost grows with the table: no compile per call (a claim: 20 - 50 ms)
 -- and scans in the index's order: a plan made when ANALYZE saw few pending
 -- events read every pending one by a bitmap scan and sorted them, at every
--- claim until the next ANALYZE (make bench-sustained: a minute at 66 events/s)
+-- claim until the next ANALYZE (make bench-sustained: a minute at 66 events/s).
+-- In the order the update to 0.4.0 sets them.
 SET enable_bitmapscan = off
-SET enable_sort = off
-SET jit = off;  -- kept plans whose cost grows with the table: no compile per call (a claim: 20 - 50 ms)
+SET enable_sort = off;
 COMMENT ON FUNCTION throttle.claim(text, text, interval, integer) IS
     'Claims up to max due events without a group_key for worker until lease: claims whose lease expired, then pending events with run_at <= now, higher priority first, then oldest first; never waits for rows another worker is claiming. The events carry the claim''s claim_token, which complete, fail and extend need. Grouped events are claimed with throttle.claim_group; an expired claim of claim_group whose item_key has a due run without a group_key is ended first (cancelled, superseded by that run).';
 
