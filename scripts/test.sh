@@ -62,7 +62,7 @@ for v in "${versions[@]}"; do
 done
 
 # Each version runs unit, cmake and the server suites (test/run-server-profiles.sh).
-suites_per_version=40
+suites_per_version=41
 echo
 echo "Suites:"
 awk '{printf "  %-30s %4d passed, %d failed\n", $1, $2, $3}' "$results"
