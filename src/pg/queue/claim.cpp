@@ -350,20 +350,7 @@ bool priority_below(Datum queue, int32 below, int32* level) {
 struct Start {
     bool have_level;  // a pending event without a group_key: the highest priority
     int32 level;
-    // The scan floors of the priorities the queue's slot tracks.
-    bool tracked[kFloorLevels];
-    int32 tracked_priority[kFloorLevels];
-    FloorFirsts floors;  // and where the scan of expired claims starts
-
-    // Where a scan of `priority` starts.
-    core::QueuePosition floor_of(int32 priority) const {
-        for (int i = 0; i < kFloorLevels; i++) {
-            if (tracked[i] && tracked_priority[i] == priority) {
-                return floors.levels[i];
-            }
-        }
-        return core::kQueueStart;
-    }
+    ScanStarts starts;  // where its scans start (the queue's scan floors)
     bool expired_found;
     bool group_expired_found;
     bool any_keyed;
@@ -397,10 +384,6 @@ Start claim_start_of(Datum queue, Datum now) {
                       TimestampTzGetDatum(count.leases.count.from.run_at),
                       Int64GetDatum(count.leases.count.from.id)};
     char nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
-    if (!count.leases.tracked) {
-        args[8] = TimestampTzGetDatum(DT_NOBEGIN);
-        args[9] = Int64GetDatum(PG_INT64_MIN);
-    }
     for (int i = 0; i < kFloorLevels; i++) {
         const LevelCount& level = count.levels[i];
         args[2 + 3 * i] = Int32GetDatum(level.priority);
@@ -414,16 +397,12 @@ Start claim_start_of(Datum queue, Datum now) {
     const FloorFirsts first{{first_in_row(row, desc, kFirst), first_in_row(row, desc, kFirst + 2)},
                             first_in_row(row, desc, kFirst + 4)};
     Start start{};
-    scan_floor_count_end(count, first, &start.floors);
-    for (int i = 0; i < kFloorLevels; i++) {
-        start.tracked[i] = count.levels[i].tracked;
-        start.tracked_priority[i] = count.levels[i].priority;
-    }
+    start.starts = scan_floor_count_end(count, first);
     bool is_null = false;
     const Datum top = SPI_getbinval(row, desc, kTopPriority, &is_null);
     start.have_level = !is_null;
     start.level = is_null ? 0 : DatumGetInt32(top);
-    if (!count.off && start.have_level && start.floor_of(start.level) == core::kQueueStart) {
+    if (!count.off && start.have_level && !start.starts.tracks(start.level)) {
         scan_floor_track(queue_name, start.level);
     }
     start.expired_found = DatumGetBool(SPI_getbinval(row, desc, kAnyExpired, &is_null));
@@ -467,7 +446,7 @@ void claim_lean(FunctionCallInfo fcinfo, Datum queue, const Start& start, Datum 
     do {
         args[1] = Int32GetDatum(level);
         args[3] = Int32GetDatum(max - claimed);
-        const core::QueuePosition floor = start.floor_of(level);
+        const core::QueuePosition floor = start.starts.at(level);
         args[8] = TimestampTzGetDatum(floor.run_at);
         args[9] = Int64GetDatum(floor.id);
         run_kept_plan(&claim_due_lean, args, nullptr, SPI_OK_SELECT);
@@ -497,7 +476,7 @@ void claim_by_scans(FunctionCallInfo fcinfo, Datum queue, Datum now, const Start
 
     if (start.expired_found) {
         Datum expired_args[7] = {queue, now, 0, 0, 0, 0, 0};
-        Scan expired{&expired_claims, expired_args, 2, 3, 0, 0, start.floors.leases};
+        Scan expired{&expired_claims, expired_args, 2, 3, 0, 0, start.starts.floors.leases};
         scan_until_full(&expired, &taken, &keys, max);
     }
     const bool any_expired = taken.count > 0;
@@ -505,7 +484,7 @@ void claim_by_scans(FunctionCallInfo fcinfo, Datum queue, Datum now, const Start
     bool have_level = taken.count < max && start.have_level;
     while (have_level) {
         Datum due_args[8] = {queue, Int32GetDatum(level), now, 0, 0, 0, 0, 0};
-        Scan due{&due_events, due_args, 3, 4, 0, 0, start.floor_of(level)};
+        Scan due{&due_events, due_args, 3, 4, 0, 0, start.starts.at(level)};
         scan_until_full(&due, &taken, &keys, max);
         if (taken.count >= max) {
             break;

@@ -199,22 +199,28 @@ void register_callback() {
     }
 }
 
-// `from`, lowered to the lowest pending event this transaction wrote to
-// (queue, priority) and has not reported yet.
+// This transaction's note of (queue, claimed, priority; 0 for claims), or
+// nullptr.
+WriteNote* note_of(const char* queue, int length, bool claimed, int32 priority) {
+    for (int i = 0; i < note_count; i++) {
+        WriteNote& note = notes[i];
+        if (note.claimed == claimed && note.priority == priority && note.queue_length == length &&
+            memcmp(note.queue, queue, static_cast<size_t>(length)) == 0) {
+            return &note;
+        }
+    }
+    return nullptr;
+}
+
+// `from`, lowered to the lowest position this transaction wrote to (queue,
+// claimed, priority) and has not reported yet.
 core::QueuePosition below_own_notes(core::QueuePosition from, const char* queue, int length,
                                     bool claimed, int32 priority) {
     if (notes_overflowed) {
         return core::kQueueStart;
     }
-    for (int i = 0; i < note_count; i++) {
-        const WriteNote& note = notes[i];
-        if (note.claimed == claimed && (claimed || note.priority == priority) &&
-            note.queue_length == length &&
-            memcmp(note.queue, queue, static_cast<size_t>(length)) == 0 && note.lowest < from) {
-            from = note.lowest;
-        }
-    }
-    return from;
+    const WriteNote* note = note_of(queue, length, claimed, priority);
+    return note != nullptr && note->lowest < from ? note->lowest : from;
 }
 
 }  // namespace
@@ -263,6 +269,10 @@ FloorCountOf scan_floor_count_begin(const text* queue) {
     FloorCountOf of{};
     of.slot = -1;
     of.off = true;
+    for (LevelCount& count : of.levels) {
+        count.count.from = core::kQueueStart;
+    }
+    of.leases.count.from = core::kQueueStart;
     const int length = queue_length_of(queue);
     // A statement of REPEATABLE READ or SERIALIZABLE counts in the
     // transaction's snapshot, which may be older than the floor (and a
@@ -322,13 +332,17 @@ FloorCountOf scan_floor_count_begin(const text* queue) {
     return of;
 }
 
-void scan_floor_count_end(const FloorCountOf& of, const FloorFirsts& first, FloorFirsts* floors) {
+ScanStarts scan_floor_count_end(const FloorCountOf& of, const FloorFirsts& first) {
+    ScanStarts starts{};
+    FloorFirsts* floors = &starts.floors;
     for (int i = 0; i < kFloorLevels; i++) {
+        starts.tracked[i] = of.levels[i].tracked;
+        starts.priority[i] = of.levels[i].priority;
         floors->levels[i] = core::kQueueStart;
     }
     floors->leases = core::kQueueStart;
     if (of.slot < 0) {
-        return;
+        return starts;
     }
     const TimestampTz now = GetCurrentTimestamp();
     LWLockAcquire(lock, LW_EXCLUSIVE);
@@ -347,6 +361,7 @@ void scan_floor_count_end(const FloorCountOf& of, const FloorFirsts& first, Floo
     }
     LWLockRelease(lock);
     open_count_slot = -1;
+    return starts;
 }
 
 void scan_floor_track(const text* queue, int32 priority) {
@@ -396,15 +411,12 @@ void remember_write(const text* queue, bool claimed, int32 priority, core::Queue
     register_callback();
     const int length = queue_length_of(queue);
     const char* bytes = VARDATA_ANY(queue);
-    for (int i = 0; i < note_count; i++) {
-        WriteNote& note = notes[i];
-        if (note.claimed == claimed && note.priority == priority && note.queue_length == length &&
-            memcmp(note.queue, bytes, static_cast<size_t>(length)) == 0) {
-            if (at < note.lowest) {
-                note.lowest = at;
-            }
-            return;
+    WriteNote* noted = length < 0 ? nullptr : note_of(bytes, length, claimed, priority);
+    if (noted != nullptr) {
+        if (at < noted->lowest) {
+            noted->lowest = at;
         }
+        return;
     }
     if (length < 0 || note_count == kNotes) {
         notes_overflowed = true;

@@ -51,7 +51,8 @@ void scan_floors_attach_shmem();
 
 inline constexpr int kFloorLevels = 2;
 
-// A count of one tracked priority's floor.
+// A count of one tracked priority's floor (from core::kQueueStart when not
+// tracked).
 struct LevelCount {
     bool tracked;  // the slot tracks a priority here: the rest means something
     int32 priority;
@@ -80,13 +81,37 @@ struct FloorFirsts {
 // statement whose snapshot counts. Raises nothing.
 FloorCountOf scan_floor_count_begin(const text* queue);
 
+// Where a claim's scans start: per priority the slot tracks, and for the
+// expired claims (core::kQueueStart: from the start).
+struct ScanStarts {
+    bool tracked[kFloorLevels];
+    int32 priority[kFloorLevels];
+    FloorFirsts floors;
+
+    bool tracks(int32 level) const { return of(level) != nullptr; }
+    // Where a scan of the priority `level` starts.
+    core::QueuePosition at(int32 level) const {
+        const core::QueuePosition* floor = of(level);
+        return floor == nullptr ? core::kQueueStart : *floor;
+    }
+
+private:
+    const core::QueuePosition* of(int32 level) const {
+        for (int i = 0; i < kFloorLevels; i++) {
+            if (tracked[i] && priority[i] == level) {
+                return &floors.levels[i];
+            }
+        }
+        return nullptr;
+    }
+};
+
 // Ends them: first.levels[i] is the first pending event without a
 // group_key at levels[i]'s priority at or after its count.from in that
 // statement's snapshot, first.leases the first claim without a group_key by
 // (lease_until, id) at or after the leases' count.from (core::kQueueEnd when
-// none). Sets floors to where a scan may start (core::kQueueStart when
-// none). Raises nothing.
-void scan_floor_count_end(const FloorCountOf& of, const FloorFirsts& first, FloorFirsts* floors);
+// none). Returns where the claim's scans start. Raises nothing.
+ScanStarts scan_floor_count_end(const FloorCountOf& of, const FloorFirsts& first);
 
 // The queue's claims found `priority` highest: its slot tracks it from
 // here, in place of the lower of the two it tracked, its floor not known
