@@ -8,10 +8,11 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
+echo "Checking the Debian packages the build needs"
 install_missing_packages
 build_and_install
 cd "$ROOT"
-echo "PostgreSQL $PG_MAJOR"
+echo "Starting a throwaway PostgreSQL $PG_MAJOR cluster with pg_throttle preloaded (pg_virtualenv), running scripts/demo.sql in it"
 pg_virtualenv -v "$PG_MAJOR" -t -o shared_preload_libraries=pg_throttle \
     sh -c 'psql -qX -v ON_ERROR_STOP=1 -c "CREATE EXTENSION pg_throttle" &&
            psql -qX -v ON_ERROR_STOP=1 -f scripts/demo.sql'

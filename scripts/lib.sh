@@ -113,6 +113,8 @@ build_and_install() {
         mkdir -p "$ROOT/build"
         echo "$PG_MAJOR" >"$stamp"
     fi
+    echo "Building pg_throttle for PostgreSQL $PG_MAJOR (make; about a minute on two cores the first time)"
     make -C "$ROOT" -s
+    echo "Installing it into $(pg_config --pkglibdir) and $(pg_config --sharedir)/extension"
     as_root make -C "$ROOT" -s install
 }

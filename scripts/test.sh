@@ -51,7 +51,7 @@ run_version() {
     local v=$1 log
     log=$(mktemp)
     run_on_version "$v" scripts/test-version.sh | tee "$log"
-    sed -n "s|^==== counts: \([^ ]* [0-9]* [0-9]*\)\$|$v/\1|p" "$log" >>"$results"
+    sed -n "s|^==== counts: \([^ ]* [0-9]* [0-9]*\( SKIP .*\)\{0,1\}\)\$|$v/\1|p" "$log" >>"$results"
     rm -f "$log"
 }
 
@@ -65,7 +65,10 @@ done
 suites_per_version=41
 echo
 echo "Suites:"
-awk '{printf "  %-30s %4d passed, %d failed\n", $1, $2, $3}' "$results"
+# A suite that skipped itself shows why ("NAME 0 0 SKIP REASON").
+awk '$4 == "SKIP" {reason = $0; sub(/^[^ ]* [0-9]* [0-9]* SKIP /, "", reason)
+                   printf "  %-30s skipped: %s\n", $1, reason; next}
+     {printf "  %-30s %4d passed, %d failed\n", $1, $2, $3}' "$results"
 passed=$(awk '{s += $2} END {print s + 0}' "$results")
 failed=$(awk '{s += $3} END {print s + 0}' "$results")
 # Every version must report each of its suites once, and nothing else: a
@@ -87,6 +90,7 @@ check_count "lint and meta" "$(grep -v '^[0-9][0-9]*/' "$results")" "$version_in
 for v in "${versions[@]}"; do
     check_count "PostgreSQL $v" "$(grep "^$v/" "$results")" "$suites_per_version"
 done
-echo "PostgreSQL ${versions[*]}: $SECONDS s in all"
+skipped=$(awk '$4 == "SKIP"' "$results" | wc -l)
+echo "PostgreSQL ${versions[*]}: $SECONDS s in all; $skipped suites skipped (reasons above)"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

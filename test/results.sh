@@ -1,5 +1,7 @@
 # Runs a suite, shows its output, and records how many of its tests passed and
-# failed, read from the suite's own closing lines. Returns non-zero when any failed.
+# failed, read from the suite's own closing lines, as "NAME PASSED FAILED", or
+# "NAME 0 0 SKIP REASON" for a suite that skipped itself (TAP's "1..0 # SKIP
+# REASON", which prove shows as "skipped: REASON"). Returns non-zero when any failed.
 # shellcheck shell=bash
 
 : "${PG_THROTTLE_RESULTS:=/dev/null}"
@@ -8,7 +10,7 @@
 run_suite() {
     local name=$1 format=$2
     shift 2
-    local log rc passed failed
+    local log rc passed failed skipped=""
     log=$(mktemp)
     echo "---- $name: $*"
     "$@" 2>&1 | tee "$log"
@@ -35,6 +37,7 @@ run_suite() {
         failed=$(sed -n 's/.*(Wstat: [0-9]* .*Tests: [0-9]* Failed: \([0-9]*\)).*/\1/p' "$log" |
             awk '{s += $1} END {print s + 0}')
         passed=$(( ${total:-0} - failed ))
+        skipped=$(sed -n 's/^.* \.\. skipped: \(.*\)$/\1/p' "$log" | tail -1)
         ;;
     count)
         # A check that is one test: passed when the command succeeds.
@@ -47,6 +50,11 @@ run_suite() {
         failed=1
     fi
     rm -f "$log"
+    if [ -n "$skipped" ] && [ "$passed" -eq 0 ] && [ "$failed" -eq 0 ]; then
+        echo "$name 0 0 SKIP $skipped" >>"$PG_THROTTLE_RESULTS"
+        echo "---- $name: skipped ($skipped)"
+        return 0
+    fi
     echo "$name $passed $failed" >>"$PG_THROTTLE_RESULTS"
     echo "---- $name: $passed passed, $failed failed"
     [ "$failed" -eq 0 ]
