@@ -11,7 +11,7 @@ OBJS       = $(CORE_SRCS:.cpp=.o) $(PG_SRCS:.cpp=.o)
 DATA_built = $(EXTENSION)--$(EXTVERSION).sql
 # The upgrade scripts from earlier versions, written by hand, and the install
 # scripts of released versions whose dumps restore only into that version
-# (README, Upgrading), as they were released.
+# (docs/install.md, Upgrading), as they were released.
 DATA       = $(wildcard src/sql/upgrade/$(EXTENSION)--*--*.sql) \
              $(wildcard src/sql/releases/$(EXTENSION)--*.sql)
 

@@ -6,7 +6,7 @@
 #   BENCH_SECONDS (5)  BENCH_ROUNDS (3)  BENCH_CLIENTS (8)  BENCH_THREADS (2)
 set -euo pipefail
 source "$(dirname "$0")/../scripts/lib.sh"
-ENTRIES=2200000  # headroom: a registry kept full pays for sweeps (README, Limits)
+ENTRIES=2200000  # headroom: a registry kept full pays for sweeps (docs/operations.md, When the registry is full)
 KEYS=1000000
 
 if [ "${1:-}" != "--inside" ]; then

@@ -31,7 +31,7 @@ EXTENSION = "pg_throttle"
 PG_CONFIG = os.environ.get("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config")
 UPGRADE = re.compile(rf"^src/sql/upgrade/({EXTENSION}--([^-]+)--([^-]+)\.sql)$")
 # Install scripts of released versions, shipped as released so that their
-# dumps restore into them (README, Upgrading).
+# dumps restore into them (docs/install.md, Upgrading).
 RELEASED = re.compile(rf"^src/sql/releases/({EXTENSION}--[^-]+\.sql)$")
 
 

@@ -2,7 +2,7 @@
 # Runs the suites that need a server, against the cluster named by the libpq
 # environment (pg_virtualenv sets it). One profile per server configuration:
 #   main           pg_throttle preloaded, default settings: pg_regress, pgTAP, real clients,
-#                  the README's examples, what newer servers show (version_features.py),
+#                  the documentation's examples, what newer servers show (version_features.py),
 #                  the Prometheus exporter, PgBouncer, the client examples (examples/) and
 #                  Citus (a three-node cluster of its own; skipped without Citus)
 #   small-registry pg_throttle preloaded, pg_throttle.max_entries = 100

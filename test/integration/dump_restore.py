@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""pg_dump keeps what the README says it keeps, and the restored queue works.
+"""pg_dump keeps what the documentation says it keeps, and the restored queue works.
 
 A database with declared resources and buckets, a rate-limited queue and
 events in every state, with their attempts, is dumped and restored into a
@@ -62,9 +62,9 @@ def fill(conn):
 
 
 def old_restore_procedure():
-    """The README's restore of a 0.1.0 dump (Upgrading): its sh block, less the
+    """The restore of a 0.1.0 dump in docs/install.md (Upgrading): its sh block, less the
     first line, which names the database and the file."""
-    lines = open(os.path.join(ROOT, "README.md")).read().splitlines()
+    lines = open(os.path.join(ROOT, "docs", "install.md")).read().splitlines()
     start = next(i for i, line in enumerate(lines)
                  if line.strip() == "```sh" and OLD_RESTORE_MARK in "\n".join(lines[i:i + 5]))
     end = next(j for j in range(start + 1, len(lines)) if lines[j].strip() == "```")
@@ -75,7 +75,7 @@ def old_restore_procedure():
 def restore_010(tap, admin):
     """A 0.1.0 database (the install script shipped for restores), with events
     in every state of 0.1.0 and a grant on purge, dumped and restored by the
-    README's procedure."""
+    procedure of docs/install.md."""
     for db in (OLD_SOURCE, OLD_TARGET):
         admin.cursor().execute(f"DROP DATABASE IF EXISTS {db}")
     admin.cursor().execute(f"CREATE DATABASE {OLD_SOURCE}")
@@ -106,7 +106,7 @@ def restore_010(tap, admin):
         subprocess.run(["pg_dump", "-Fc", "-d", OLD_SOURCE, "-f", dump], check=True)
         done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", old_restore_procedure()], cwd=work,
                               env=dict(os.environ, db=OLD_TARGET, dump=dump), capture_output=True, text=True)
-    tap.is_(done.returncode, 0, "the README's restore of a 0.1.0 dump runs as written" +
+    tap.is_(done.returncode, 0, "the restore of a 0.1.0 dump in docs/install.md runs as written" +
             (f": {done.stderr.strip()[:400]}" if done.returncode else ""))
     target = connect(dbname=OLD_TARGET)
     tap.is_((one(target, "SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle'")[0],

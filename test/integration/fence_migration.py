@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Fence tokens keep fencing after a migration (README, "A dump restored into another
-cluster").
+"""Fence tokens keep fencing after a migration (docs/locks.md, "Tokens across a
+migration"; docs/operations.md, "A dump restored into another cluster").
 
 A dump restored into a new cluster brings rows that carry the old cluster's fence tokens (a
 writer's fence column, the queue's claim tokens), while the new cluster's counter starts again
@@ -87,7 +87,7 @@ def migration(tap, new, old_floor):
                          "(SELECT max(claim_token) FROM throttle.event), "
                          "(SELECT max(claim_token) FROM throttle.event_history))")[0]
     tap.is_(restored, 15, "the restored rows carry the old cluster's tokens (up to 15)")
-    # The README's procedure, from the old cluster's floor.
+    # The procedure of docs/locks.md, from the old cluster's floor.
     floor = one(conn, "SELECT throttle.advance_fence(%s)", (old_floor,))[0]
     tap.is_(floor, old_floor, "advance_fence returns the new floor")
     token = lock(conn, "invoice:42")

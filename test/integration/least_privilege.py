@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The README's least-privilege recipe (Security model), run as written in a
+"""The least-privilege recipe of docs/security.md, run as written in a
 database of its own, then checked as real roles: the application role
 (app_rw) works, the monitoring role (monitoring) reads every view and can
 call nothing that claims, cancels, reschedules or returns an event, and a
@@ -40,8 +40,8 @@ FORBIDDEN = [
 
 
 def recipe():
-    """The README's SQL block that holds the recipe."""
-    lines = open(os.path.join(ROOT, "README.md")).read().splitlines()
+    """The SQL block of docs/security.md that holds the recipe."""
+    lines = open(os.path.join(ROOT, "docs", "security.md")).read().splitlines()
     start = next(i for i, line in enumerate(lines)
                  if line.strip() == "```sql" and MARK in "\n".join(lines[i:i + 5]))
     end = next(j for j in range(start + 1, len(lines)) if lines[j].strip() == "```")
@@ -72,7 +72,7 @@ def main():
 
     done = subprocess.run(["psql", "-qX", "-v", "ON_ERROR_STOP=1", "-d", DB, "-f", "-"], input=recipe(),
                           capture_output=True, text=True)
-    tap.is_(done.returncode, 0, "the README's recipe runs as written" +
+    tap.is_(done.returncode, 0, "the recipe of docs/security.md runs as written" +
             (f": {done.stderr.strip()[:300]}" if done.returncode else ""))
 
     # The application: the registry, locks and the whole life of an event.
