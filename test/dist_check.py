@@ -145,7 +145,7 @@ def check(tap, scratch):
     dist_dir = os.path.join(scratch, "dist")
     zips_in_tree = sorted(glob.glob(os.path.join(ROOT, "*.zip")) + glob.glob(os.path.join(ROOT, "build", "*.zip")))
 
-    # The release, built as the README says.
+    # The release, built as docs/install.md says.
     proc = subprocess.run(["make", "-s", "-C", ROOT, "dist", f"DIST_DIR={dist_dir}", f"PG_CONFIG={PG_CONFIG}"],
                           capture_output=True, text=True)
     tap.ok(proc.returncode == 0, "make dist DIST_DIR=... succeeds", proc.stdout + proc.stderr)

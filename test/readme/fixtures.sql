@@ -1,12 +1,13 @@
--- The application's own objects that the README's examples use, as a reader
--- would have them: test/integration/readme_examples.py creates them before it
--- runs the examples.
+-- The application's own objects that the documentation's examples (README.md,
+-- CONTRIBUTING.md, docs/*.md) use, as a reader would have them:
+-- test/integration/readme_examples.py creates them in each page's database
+-- before it runs the page's examples.
 CREATE FUNCTION rebuild_search_index() RETURNS void LANGUAGE sql AS $$ SELECT $$;
 
 CREATE TABLE uploaded_images (id bigint PRIMARY KEY, processed boolean NOT NULL DEFAULT false);
 INSERT INTO uploaded_images (id) SELECT generate_series(1, 30);
 
--- The roles of the least-privilege recipe (Security model), server-wide:
+-- The roles of the least-privilege recipe (docs/security.md), server-wide:
 -- made once, kept between runs.
 DO $$
 BEGIN
