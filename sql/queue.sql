@@ -26,11 +26,15 @@ SELECT item_key, state, claimed_by, claimed_role::regrole, attempts, lease_until
 FROM throttle.claim('mail', 'worker-1', '1 minute', 10);
 SELECT claim_token AS w1 FROM throttle.event WHERE id = :bob \gset
 SELECT count(*) AS nothing_more_due FROM throttle.claim('mail', 'worker-2');
+-- A claimed event is not pending: cancel and reschedule say so, and it runs.
+SELECT throttle.cancel('mail', 'welcome:bob') AS claimed_not_cancelled;
+SELECT throttle.reschedule('mail', 'welcome:bob', '2031-06-02 00:00:00+00') AS claimed_not_moved;
 -- Only the claim's token completes, fails or extends it.
 SELECT throttle.complete(ARRAY[:bob]::bigint[], :w1 - 1) AS other_token_completes;
 SELECT throttle.extend(ARRAY[:bob, :cy]::bigint[], :w1, '10 minutes') AS extended;
 SELECT throttle.complete(ARRAY[:bob]::bigint[], :w1) AS completed;
 SELECT state, completed_at, completed_by FROM throttle.all_events WHERE id = :bob;
+SELECT throttle.cancel('mail', 'welcome:bob') AS done_not_cancelled;
 
 -- fail: keeps the error and retries with a backoff; dead after max_attempts.
 SELECT throttle.fail(ARRAY[:cy]::bigint[], :w1, 'smtp timeout') AS failed;
@@ -42,6 +46,7 @@ SELECT item_key, attempts, claim_token > :w1 AS new_token FROM throttle.claim('m
 SELECT claim_token AS w1 FROM throttle.event WHERE id = :cy \gset
 SELECT throttle.fail(ARRAY[:cy]::bigint[], :w1, 'smtp timeout again') AS failed_twice;
 SELECT state, attempts, last_error, completed_at FROM throttle.all_events WHERE id = :cy;
+SELECT throttle.reschedule('mail', 'welcome:cy', '2031-06-02 00:00:00+00') AS dead_not_moved;
 -- retry brings a dead event back.
 SELECT throttle.retry(:cy) AS retried, throttle.retry(:cy) AS retried_again;
 SELECT state, attempts, run_at FROM throttle.all_events WHERE id = :cy;
@@ -56,6 +61,7 @@ SET pg_throttle.test_clock = '2031-06-01 13:00:00+00';
 SELECT item_key, claimed_by FROM throttle.claim('mail', 'worker-1', '1 minute');
 SELECT claim_token AS old_token FROM throttle.event WHERE id = :ann \gset
 SET pg_throttle.test_clock = '2031-06-01 13:01:00+00';
+SELECT throttle.cancel('mail', 'welcome:ann') AS lease_ended_not_cancelled;
 SELECT item_key, claimed_by, attempts FROM throttle.claim('mail', 'worker-2', '1 minute');
 SELECT claim_token AS new_token FROM throttle.event WHERE id = :ann \gset
 SELECT throttle.complete(ARRAY[:ann]::bigint[], :old_token) AS fenced_old_worker;

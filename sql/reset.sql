@@ -23,6 +23,15 @@ SELECT throttle.reset('rst.nothing') AS nothing_to_clear;
 -- the real clock's now, so rst.job is one of them).
 SELECT throttle.checkpoint() >= 1 AS checkpoint_written;
 SELECT throttle.reset('rst.job', 'queue');
+-- A group's lease, kind group in throttle.status, is refused with the call
+-- that ends it: the claimed rows would still hold the group.
+SELECT throttle.schedule('rst.q', 'e1', '2032-03-01 00:00:00+00', group_key => 'cust:1') IS NOT NULL AS scheduled;
+SELECT count(*) AS claimed FROM throttle.claim_group('rst.q', 'rst-worker');
+SELECT throttle.reset(name, kind) FROM throttle.status WHERE kind = 'group';
+SELECT throttle.reset('5/2:rst.q:cust:1', 'group');
+SELECT throttle.reset('5:rst.q#00ff', 'group');
+SELECT count(*) AS still_held FROM throttle.status WHERE kind = 'group';
+SELECT throttle.release_group('rst.q', 'cust:1') AS released;
 SELECT throttle.reset(NULL);
 
 -- Not for everyone.

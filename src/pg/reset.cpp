@@ -1,5 +1,6 @@
 // throttle.reset(name, kind): an operator clears entries after an incident.
-// Not granted to PUBLIC by the install script.
+// Not granted to PUBLIC by the install script. Every kind throttle.status
+// shows but a group's lease, which throttle.release_group ends.
 #include "pg/arguments.hpp"
 #include "pg/durability/checkpoint.hpp"
 #include "pg/locks/locks.hpp"
@@ -14,11 +15,61 @@ namespace {
 constexpr EntryKind kKinds[] = {EntryKind::kResource, EntryKind::kBucket, EntryKind::kLock,
                                 EntryKind::kQueueBucket, EntryKind::kQueueGroupBucket};
 
+// The queue and group_key of a group lease's name as throttle.status shows
+// it, "<bytes of queue>[/<slot>]:<queue>:<group_key>" (group_lease.cpp);
+// false for a name that carries a digest of its group_key, or none. Both
+// palloc'd.
+bool group_of_lease_name(const char* name, char** queue, char** group) {
+    char* end = nullptr;
+    const unsigned long queue_len = std::strtoul(name, &end, 10);
+    if (end == name) {
+        return false;
+    }
+    if (*end == '/') {
+        const char* slot = end + 1;
+        std::strtoul(slot, &end, 10);
+        if (end == slot) {
+            return false;
+        }
+    }
+    if (*end != ':' || std::strlen(end + 1) <= queue_len || end[1 + queue_len] != ':') {
+        return false;
+    }
+    *queue = pnstrdup(end + 1, queue_len);
+    *group = pstrdup(end + 2 + queue_len);
+    return true;
+}
+
+// A group's lease is refused: it stands for the claim on the group's
+// events, whose claimed rows keep the group from other workers until their
+// lease ends (the queue checks them before it hands a group out). Clearing
+// it would free nothing and hide the claim from throttle.status;
+// throttle.release_group ends the claim itself.
+void refuse_group(const char* name) {
+    char* queue = nullptr;
+    char* group = nullptr;
+    const char* call = "throttle.release_group(queue, group_key)";
+    if (group_of_lease_name(name, &queue, &group)) {
+        call = psprintf("throttle.release_group(%s, %s)", quote_literal_cstr(queue),
+                        quote_literal_cstr(group));
+    }
+    ereport(ERROR,
+            (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+             errmsg("throttle.reset does not clear a group's lease"),
+             errdetail("A group's lease stands for a claim on the group's events, whose rows keep "
+                       "the group from other workers until their lease ends: clearing the lease "
+                       "would free nothing."),
+             errhint("Use %s, which ends the claim on the group and fences its worker.", call)));
+}
+
 Datum reset(FunctionCallInfo fcinfo) {
     registry_require();
     require_not_null(fcinfo, 0, "name");
     const text* name = PG_GETARG_TEXT_PP(0);
     const char* only = PG_ARGISNULL(1) ? nullptr : text_to_cstring(PG_GETARG_TEXT_PP(1));
+    if (only != nullptr && strcmp(only, entry_kind_name(EntryKind::kQueueGroup)) == 0) {
+        refuse_group(text_to_cstring(name));
+    }
     // A resource or bucket may have an entry on each clock (EntryClock): an
     // operator clears the name, whatever clock made it.
     RegistryKey keys[2 * std::size(kKinds)];

@@ -138,7 +138,7 @@ RETURNS integer
 AS 'MODULE_PATHNAME', 'pg_throttle_reset'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION throttle.reset(text, text) IS
-    'Clears the registry entries named name in this database (kind resource, bucket, queue_bucket, group_bucket or lock; NULL: all of them; a group''s bucket is named after its queue and group as throttle.status shows it) and returns how many; a cleared resource or lock can be granted at once, a cleared bucket is full. For operators after an incident: not granted to PUBLIC.';
+    'Clears the registry entries named name in this database (kind resource, bucket, queue_bucket, group_bucket or lock; NULL: all of them; a group''s bucket is named after its queue and group as throttle.status shows it) and returns how many; a cleared resource or lock can be granted at once, a cleared bucket is full. Kind group, a group''s lease, is refused (22023): the claimed events would still hold the group; throttle.release_group ends that claim. For operators after an incident: not granted to PUBLIC.';
 REVOKE EXECUTE ON FUNCTION throttle.reset(text, text) FROM PUBLIC;
 
 CREATE FUNCTION throttle.checkpoint()
@@ -178,6 +178,10 @@ CREATE VIEW throttle.status AS
     FROM throttle.registry_entries();
 COMMENT ON VIEW throttle.status IS
     'One row per registry entry of this database still in force: resources whose interval has not passed, buckets that are not full, locks that are held. The role the entry belongs to (its creator; for a lock, the role holding it), who was granted last, when, when it can next be granted, grants and denials since the entry was created; for buckets rate, per, burst and the units remaining; for locks the fence token (NULL unless the viewer is the owner, a member of it or a superuser) and the number of waiters.';
+COMMENT ON COLUMN throttle.status.kind IS
+    'resource, bucket, lock; for the event queue group (a group''s lease, held by a claim_group claim), queue_bucket and group_bucket (throttle.queue_bucket, throttle.group_bucket). throttle.reset clears every kind but group, which throttle.release_group ends.';
+COMMENT ON COLUMN throttle.status.next_grant_at IS
+    'When the entry next grants a call: for a resource, the end of its interval; for a bucket, when one more unit is back (now when one is left); for a lock or a group''s lease, the end of the lease (infinity for a session lock), which throttle.locks shows as expires_at.';
 GRANT SELECT ON throttle.status TO PUBLIC;
 
 CREATE VIEW throttle.locks AS
@@ -188,6 +192,8 @@ CREATE VIEW throttle.locks AS
     WHERE kind = 'lock';
 COMMENT ON VIEW throttle.locks IS
     'The locks of this database that are held: the role holding it, holder, backend pid, when granted, when the lease expires (NULL: a session lock, held until unlocked or the session ends), fence token (NULL unless the viewer is the owner, a member of it or a superuser), backends waiting.';
+COMMENT ON COLUMN throttle.locks.expires_at IS
+    'When the lease ends unless renewed or released first; NULL for a session lock, held until unlocked or its session ends. throttle.status shows the same instant as next_grant_at.';
 GRANT SELECT ON throttle.locks TO PUBLIC;
 
 CREATE FUNCTION throttle.registry_usage(

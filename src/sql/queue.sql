@@ -523,6 +523,69 @@ $$;
 COMMENT ON FUNCTION throttle.schedule_many(text, text[], timestamptz[], jsonb[], text[], integer, integer, text, text[]) IS
     'Schedules a batch of events of one queue in one statement: item_keys[i] at run_at[i] with payloads[i], group_keys[i] and concurrency_keys[i] (the arrays have one element per item_key; payloads, group_keys and concurrency_keys may be NULL for none), as if throttle.schedule ran for each in turn (a pending event that replace or keep_earlier updates starts again at 0 attempts); returns their ids in the order of item_keys (an item_key named twice gets one event, and its id twice). NOTIFYs the queue''s channel with each event that is due.';
 
+-- Why cancel or reschedule found no pending event of an item_key, in a
+-- NOTICE (they still return false): what throttle.all_events shows of the
+-- key, to a caller who may read that view, and nothing more to another.
+CREATE FUNCTION throttle._notice_not_pending(queue text, item_key text, caller text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    head text := format('%s found no pending event "%s" in queue "%s"', caller, item_key, queue);
+    e record;
+BEGIN
+    IF NOT has_table_privilege(throttle._caller_role(), 'throttle.all_events', 'SELECT') THEN
+        RAISE NOTICE '%', head
+              USING HINT = 'throttle.all_events shows why to a role that may read it.';
+        RETURN;
+    END IF;
+    SELECT x.id, x.claimed_by, x.lease_until INTO e
+    FROM throttle.event x  -- event_claimed_key
+    WHERE x.queue = _notice_not_pending.queue AND x.item_key = _notice_not_pending.item_key
+      AND x.state = 'claimed'
+    LIMIT 1;
+    IF FOUND AND e.lease_until > throttle.now() THEN
+        RAISE NOTICE '%: event % is claimed by % until %, and still runs', head, e.id,
+                     e.claimed_by, e.lease_until
+              USING HINT = 'cancel and reschedule change pending events only. A claim ends with '
+                           'throttle.complete or throttle.fail, or when its lease ends.';
+        RETURN;
+    ELSIF FOUND THEN
+        RAISE NOTICE '%: event % was claimed by % until %, and the next claim takes it over',
+                     head, e.id, e.claimed_by, e.lease_until
+              USING HINT = 'cancel and reschedule change pending events only.';
+        RETURN;
+    END IF;
+    -- The newest of the others: dead, or finished.
+    SELECT f.id, f.state, f.at INTO e
+    FROM ((SELECT x.id, x.state, x.completed_at AS at
+           FROM throttle.event x  -- event_dead
+           WHERE x.queue = _notice_not_pending.queue AND x.state = 'dead'
+             AND x.item_key = _notice_not_pending.item_key
+           ORDER BY x.id DESC LIMIT 1)
+          UNION ALL
+          (SELECT h.id, h.state, coalesce(h.completed_at, h.cancelled_at)
+           FROM throttle.event_history h  -- event_history_key
+           WHERE h.queue = _notice_not_pending.queue AND h.item_key = _notice_not_pending.item_key
+           ORDER BY h.id DESC LIMIT 1)) AS f
+    ORDER BY f.id DESC
+    LIMIT 1;
+    IF NOT FOUND THEN
+        RAISE NOTICE '%: the queue has no event with that item_key', head;
+    ELSIF e.state = 'dead' THEN
+        RAISE NOTICE '%: event % is dead since %', head, e.id, e.at
+              USING HINT = 'Its attempts are used up: throttle.retry brings it back.';
+    ELSIF e.state = 'done' THEN
+        RAISE NOTICE '%: event % was completed at %', head, e.id, e.at;
+    ELSE
+        RAISE NOTICE '%: event % was cancelled at %', head, e.id, e.at;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION throttle._notice_not_pending(text, text, text) IS
+    'Internal: raises the NOTICE of cancel and reschedule (caller) when the queue has no pending event item_key: its newest event is claimed (and still runs), dead, done or cancelled, or there is none; only that there is none pending to a caller who may not read throttle.all_events.';
+REVOKE EXECUTE ON FUNCTION throttle._notice_not_pending(text, text, text) FROM PUBLIC;
+
 CREATE FUNCTION throttle.cancel(queue text, item_key text)
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -540,11 +603,15 @@ BEGIN
            m.last_error, m.claimed_role, m.priority, m.failed_at, throttle._caller(),
            m.concurrency_key
     FROM moved m;
-    RETURN FOUND;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    PERFORM throttle._notice_not_pending(queue, item_key, 'throttle.cancel');
+    RETURN false;
 END
 $$;
 COMMENT ON FUNCTION throttle.cancel(text, text) IS
-    'Cancels the pending event item_key of the queue; false when there is none. The event moves to throttle.event_history, state cancelled, with cancelled_at and cancelled_by.';
+    'Cancels the pending event item_key of the queue; false when there is none, with a NOTICE that says why: the key''s event is claimed (it still runs), dead, done or cancelled, or the queue has none (the reason to roles that may read throttle.all_events). The event moves to throttle.event_history, state cancelled, with cancelled_at and cancelled_by.';
 
 CREATE FUNCTION throttle.reschedule(queue text, item_key text, run_at timestamptz)
 RETURNS boolean
@@ -558,14 +625,18 @@ BEGIN
     UPDATE throttle.event e SET run_at = reschedule.run_at
     WHERE e.queue = reschedule.queue AND e.item_key = reschedule.item_key AND e.state = 'pending'
     RETURNING e.id INTO event_id;
-    IF event_id IS NOT NULL AND run_at <= throttle.now() THEN
+    IF event_id IS NULL THEN
+        PERFORM throttle._notice_not_pending(queue, item_key, 'throttle.reschedule');
+        RETURN false;
+    END IF;
+    IF run_at <= throttle.now() THEN
         PERFORM pg_notify(queue, event_id::text);
     END IF;
-    RETURN event_id IS NOT NULL;
+    RETURN true;
 END
 $$;
 COMMENT ON FUNCTION throttle.reschedule(text, text, timestamptz) IS
-    'Moves the pending event item_key of the queue to run_at; false when there is none.';
+    'Moves the pending event item_key of the queue to run_at; false when there is none, with a NOTICE that says why, as throttle.cancel.';
 
 -- Marks the events `ids` claimed by `worker` until now + lease with `token`;
 -- an event whose attempts are used up becomes dead instead. The caller has
@@ -703,7 +774,7 @@ LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off  -- its statements reach events by primary key (claim_lock.cpp)
 SET jit = off;  -- kept plans whose cost grows with the table: no compile per call
 COMMENT ON FUNCTION throttle.complete(bigint[], bigint) IS
-    'Marks the events done, if the claim token still holds them and the caller is the claim''s role (or may act for it); returns how many. A worker whose claim was taken over gets 0.';
+    'Marks the events done, if the claim token still holds them and the caller is the claim''s role (or may act for it); returns how many. A worker whose claim was taken over gets 0, and a NOTICE says how many of the events given the token did not hold.';
 
 CREATE FUNCTION throttle.fail(ids bigint[], token bigint, error text, retry_in interval DEFAULT NULL)
 RETURNS integer
@@ -712,7 +783,7 @@ LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off  -- its statements reach events by primary key (claim_lock.cpp)
 SET jit = off;  -- kept plans whose cost grows with the table: no compile per call
 COMMENT ON FUNCTION throttle.fail(bigint[], bigint, text, interval) IS
-    'Records a failed attempt (in throttle.event_attempt, and failed_at): keeps the error and retries after retry_in, or 10 s * 2^(attempts-1) up to 1 hour; after max_attempts the event is dead, and when its item_key was scheduled again meanwhile it is cancelled, superseded by that newer run. In a group kept in strict order (throttle.group_policy) the claim''s later events of the group go back to pending behind the failed one, their attempt not counted. Only through the claim token that holds the events, by the claim''s role; returns how many failed.';
+    'Records a failed attempt (in throttle.event_attempt, and failed_at): keeps the error and retries after retry_in, or 10 s * 2^(attempts-1) up to 1 hour; after max_attempts the event is dead, and when its item_key was scheduled again meanwhile it is cancelled, superseded by that newer run. In a group kept in strict order (throttle.group_policy) the claim''s later events of the group go back to pending behind the failed one, their attempt not counted. Only through the claim token that holds the events, by the claim''s role; returns how many failed, and a NOTICE says how many of the events given the token did not hold.';
 
 CREATE FUNCTION throttle._lock_concurrency_key(queue text, concurrency_key text)
 RETURNS void
@@ -729,7 +800,7 @@ LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off  -- its statements reach events by primary key (claim_lock.cpp)
 SET jit = off;  -- kept plans whose cost grows with the table: no compile per call
 COMMENT ON FUNCTION throttle.extend(bigint[], bigint, interval) IS
-    'Extends the claim token on the events to lease from now (and the group''s lease), by the claim''s role, while its lease holds: a claim whose lease has ended is not revived. Returns how many.';
+    'Extends the claim token on the events to lease from now (and the group''s lease), by the claim''s role, while its lease holds: a claim whose lease has ended is not revived. Returns how many, and a NOTICE says how many of the events given the token did not hold with a lease in force.';
 
 -- Operator tools: retry dead events (one, many, or by queue and error),
 -- release a group, purge finished events.

@@ -13,7 +13,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pgconn import connect  # noqa: E402
+from pgconn import connect, fresh_database  # noqa: E402
 from tap import Tap  # noqa: E402
 
 WORKERS = 6
@@ -55,7 +55,7 @@ def worker(name, claims, errors, stop_at):
 
 
 def main():
-    tap = Tap(9)
+    tap = Tap(18)
     conn = connect()
     cur = conn.cursor()
     cur.execute("DELETE FROM throttle.event WHERE queue = %s", (QUEUE,))
@@ -145,7 +145,104 @@ def main():
            f"test clock got {first}, real clock got {second}")
     test_worker.close()
     conn.close()
+    answers(tap)
     tap.done()
+
+
+def notices(conn, sql, params=None):
+    """Runs `sql`; returns its one value and the notices it raised."""
+    del conn.notices[:]
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+        value = cur.fetchone()[0]
+    return value, list(conn.notices)
+
+
+ROLE = "pgt_queue_answers"
+
+
+def answers(tap):
+    """What complete, fail, extend, cancel and reschedule say when they
+    change fewer events than asked: a NOTICE, their return values as before."""
+    admin, db = fresh_database("pgt_queue_answers")
+    cur = db.cursor()
+    cur.execute("SET pg_throttle.test_clock = '2031-01-01 12:00:00+00'")
+    cur.execute("SET TimeZone = 'UTC'")
+    cur.execute("SELECT throttle.schedule('ans', 'a' || g, throttle.now(), group_key => 'cust')"
+                " FROM generate_series(1, 2) AS g")
+    cur.execute("SELECT array_agg(id ORDER BY id), min(claim_token)"
+                " FROM throttle.claim_group('ans', 'w1', '1 minute')")
+    ids, token = cur.fetchone()
+    # The README's group example, copied with its literal token.
+    tap.is_(notices(db, "SELECT throttle.complete(%s::bigint[], 5002)", (ids,)),
+            (0, ["NOTICE:  the claim token holds none of the 2 events given: throttle.complete "
+                 "left them as they are\nHINT:  The claim's lease may have ended and another "
+                 "worker claimed the events since, or the token is not the claim_token that claim "
+                 "or claim_group returned. Only the role that made the claim, its members and "
+                 "superusers may end it.\n"]),
+            "complete with a token that holds none of the events: 0, and a NOTICE says so")
+    tap.is_(notices(db, "SELECT throttle.complete(%s::bigint[], %s)", ([ids[0], ids[0]], token)),
+            (1, []), "complete of an event the token holds, named twice: 1, no NOTICE")
+    tap.is_(notices(db, "SELECT throttle.complete(%s::bigint[], %s)", (ids, token))[1],
+            ["NOTICE:  the claim token does not hold 1 of the 2 events given: throttle.complete "
+             "left it as it is\nHINT:  The claim's lease may have ended and another worker "
+             "claimed the events since, or the token is not the claim_token that claim or "
+             "claim_group returned. Only the role that made the claim, its members and superusers "
+             "may end it.\n"],
+            "complete of two events of which the token holds one: the NOTICE counts the other")
+
+    # A claim lost to the end of its lease: the old worker's fail and extend.
+    cur.execute("SELECT throttle.schedule('ans', 'lost', throttle.now())")
+    cur.execute("SELECT id, claim_token FROM throttle.claim('ans', 'w1', '1 minute')")
+    lost_id, old_token = cur.fetchone()
+    cur.execute("SET pg_throttle.test_clock = '2031-01-01 12:01:00+00'")
+    tap.is_(notices(db, "SELECT throttle.extend(%s::bigint[], %s, '1 minute')", ([lost_id], old_token)),
+            (0, ["NOTICE:  the claim token does not hold the event given: throttle.extend left it "
+                 "as it is\nHINT:  A claim whose lease has ended is not extended: another worker "
+                 "may have claimed the events since. Or the token is not the claim_token that "
+                 "claim or claim_group returned. Only the role that made the claim, its members "
+                 "and superusers may extend it.\n"]),
+            "extend of a claim whose lease ended: 0, and a NOTICE says so")
+    cur.execute("SELECT claim_token FROM throttle.claim('ans', 'w2', '1 minute')")
+    new_token = cur.fetchone()[0]
+    value, said = notices(db, "SELECT throttle.fail(%s::bigint[], %s, 'boom')", ([lost_id], old_token))
+    tap.ok(value == 0 and len(said) == 1 and said[0].startswith(
+        "NOTICE:  the claim token does not hold the event given: throttle.fail left it as it is"),
+        "fail by the worker whose claim was taken over: 0, and a NOTICE says so", f"{value} {said}")
+    tap.is_(notices(db, "SELECT throttle.complete(%s::bigint[], %s)", ([lost_id], new_token)),
+            (1, []), "complete by the new holder: 1, no NOTICE")
+
+    # cancel and reschedule: why false.
+    cur.execute("SELECT throttle.schedule('ans', 'held', throttle.now())")
+    held = cur.fetchone()[0]
+    cur.execute("SELECT claim_token FROM throttle.claim('ans', 'w3', '1 hour')")
+    tap.is_(notices(db, "SELECT throttle.cancel('ans', 'held')"),
+            (False, ['NOTICE:  throttle.cancel found no pending event "held" in queue "ans": event '
+                     f'{held} is claimed by w3 until 2031-01-01 13:01:00+00, and still runs\nHINT:  cancel '
+                     'and reschedule change pending events only. A claim ends with throttle.complete '
+                     'or throttle.fail, or when its lease ends.\n']),
+            "cancel of a claimed event: false, and a NOTICE says who holds it and that it still runs")
+    tap.is_(notices(db, "SELECT throttle.reschedule('ans', 'nobody', throttle.now())"),
+            (False, ['NOTICE:  throttle.reschedule found no pending event "nobody" in queue "ans": '
+                     'the queue has no event with that item_key\n']),
+            "reschedule of an unknown key: false, and a NOTICE says there is none")
+    # A role that may cancel but not read throttle.all_events learns no more
+    # than the false it gets.
+    acur = admin.cursor()
+    acur.execute("SELECT count(*) FROM pg_roles WHERE rolname = %s", (ROLE,))
+    if acur.fetchone()[0] == 0:
+        acur.execute(f"CREATE ROLE {ROLE}")
+    cur.execute("REVOKE SELECT ON throttle.all_events FROM PUBLIC")
+    cur.execute(f"SET ROLE {ROLE}")
+    tap.is_(notices(db, "SELECT throttle.cancel('ans', 'held')"),
+            (False, ['NOTICE:  throttle.cancel found no pending event "held" in queue "ans"\n'
+                     'HINT:  throttle.all_events shows why to a role that may read it.\n']),
+            "to a role that may not read throttle.all_events, only that no event is pending")
+    cur.execute("RESET ROLE")
+    db.close()
+    acur.execute("DROP DATABASE pgt_queue_answers")
+    acur.execute(f"DROP ROLE {ROLE}")
+    admin.close()
 
 
 if __name__ == "__main__":

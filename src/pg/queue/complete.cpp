@@ -12,6 +12,8 @@
 //     leases of group claims with nothing left claimed, and NOTIFYs the due
 //     events of those groups and the oldest due event of the finished
 //     events' concurrency_keys (claim_end.hpp).
+//  4. When the token did not hold every event given, a NOTICE says so
+//     (claim_not_held.hpp).
 #include "pg/standby.hpp"
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
@@ -19,6 +21,7 @@
 #include "pg/kept_plan.hpp"
 #include "pg/queue/claim_end.hpp"
 #include "pg/queue/claim_lock.hpp"
+#include "pg/queue/claim_not_held.hpp"
 #include "pg/queue/event_notify.hpp"
 #include "pg/queue/event_rows.hpp"
 #include "pg/registry.hpp"
@@ -169,6 +172,7 @@ Datum complete(FunctionCallInfo fcinfo) {
         end_moved(token);
     }
     SPI_finish();
+    notice_claim_not_held("throttle.complete", ids, completed, kClaimEndHint);
     PG_RETURN_INT32(static_cast<int32>(completed));
 }
 

@@ -12,13 +12,16 @@
 //  4. lease_until moved to now + lease on the events the claim still holds
 //     and the caller may act for, in a transaction whose commit is durable
 //     (durable_commit.hpp): an extended lease is a promise;
-//  5. the group leases of their group claims renewed to lease from now.
+//  5. the group leases of their group claims renewed to lease from now;
+//  6. when the token did not hold every event given with a lease in force,
+//     a NOTICE says so (claim_not_held.hpp).
 #include "pg/standby.hpp"
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
 #include "pg/clock.hpp"
 #include "pg/kept_plan.hpp"
 #include "pg/queue/claim_lock.hpp"
+#include "pg/queue/claim_not_held.hpp"
 #include "pg/queue/durable_commit.hpp"
 #include "pg/queue/group_lease.hpp"
 #include "pg/registry.hpp"
@@ -101,6 +104,7 @@ Datum extend(FunctionCallInfo fcinfo) {
                                 lease_us);
     }
     SPI_finish();
+    notice_claim_not_held("throttle.extend", ids, static_cast<uint64>(extended), kClaimExtendHint);
     PG_RETURN_INT32(static_cast<int32>(extended));
 }
 

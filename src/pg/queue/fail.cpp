@@ -17,6 +17,8 @@
 //     their attempt not counted (throttle._fence_claims, as release_group).
 //  4. The group leases of claims left with nothing claimed are released at
 //     commit, and what the end lets go is NOTIFYed (claim_end.hpp).
+//  5. When the token did not hold every event given, a NOTICE says so
+//     (claim_not_held.hpp).
 #include "pg/standby.hpp"
 #include "pg/arguments.hpp"
 #include "pg/boundary.hpp"
@@ -25,6 +27,7 @@
 #include "pg/queue/subtransaction.hpp"
 #include "pg/queue/claim_end.hpp"
 #include "pg/queue/claim_lock.hpp"
+#include "pg/queue/claim_not_held.hpp"
 #include "pg/queue/event_rows.hpp"
 #include "pg/registry.hpp"
 
@@ -226,6 +229,7 @@ Datum fail(FunctionCallInfo fcinfo) {
         }
     }
     SPI_finish();
+    notice_claim_not_held("throttle.fail", ids, failed, kClaimEndHint);
     PG_RETURN_INT32(static_cast<int32>(failed));
 }
 

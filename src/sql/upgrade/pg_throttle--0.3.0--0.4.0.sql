@@ -377,3 +377,141 @@ UPDATE throttle.event
 SET state = 'dead', completed_at = throttle.now(), completed_by = claimed_by,
     last_error = coalesce(last_error, 'lease expired ' || attempts || ' times')
 WHERE state = 'pending' AND attempts >= max_attempts;
+
+-- A call that changes fewer events than asked says why, without changing
+-- what it returns. complete, fail and extend raise a NOTICE, natively, when
+-- the claim token does not hold some of the events given (their comments);
+-- cancel and reschedule, when the queue has no pending event of the key,
+-- a NOTICE with what became of it (claimed and still running, dead, done,
+-- cancelled, or none), to a caller who may read throttle.all_events.
+CREATE FUNCTION throttle._notice_not_pending(queue text, item_key text, caller text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    head text := format('%s found no pending event "%s" in queue "%s"', caller, item_key, queue);
+    e record;
+BEGIN
+    IF NOT has_table_privilege(throttle._caller_role(), 'throttle.all_events', 'SELECT') THEN
+        RAISE NOTICE '%', head
+              USING HINT = 'throttle.all_events shows why to a role that may read it.';
+        RETURN;
+    END IF;
+    SELECT x.id, x.claimed_by, x.lease_until INTO e
+    FROM throttle.event x  -- event_claimed_key
+    WHERE x.queue = _notice_not_pending.queue AND x.item_key = _notice_not_pending.item_key
+      AND x.state = 'claimed'
+    LIMIT 1;
+    IF FOUND AND e.lease_until > throttle.now() THEN
+        RAISE NOTICE '%: event % is claimed by % until %, and still runs', head, e.id,
+                     e.claimed_by, e.lease_until
+              USING HINT = 'cancel and reschedule change pending events only. A claim ends with '
+                           'throttle.complete or throttle.fail, or when its lease ends.';
+        RETURN;
+    ELSIF FOUND THEN
+        RAISE NOTICE '%: event % was claimed by % until %, and the next claim takes it over',
+                     head, e.id, e.claimed_by, e.lease_until
+              USING HINT = 'cancel and reschedule change pending events only.';
+        RETURN;
+    END IF;
+    -- The newest of the others: dead, or finished.
+    SELECT f.id, f.state, f.at INTO e
+    FROM ((SELECT x.id, x.state, x.completed_at AS at
+           FROM throttle.event x  -- event_dead
+           WHERE x.queue = _notice_not_pending.queue AND x.state = 'dead'
+             AND x.item_key = _notice_not_pending.item_key
+           ORDER BY x.id DESC LIMIT 1)
+          UNION ALL
+          (SELECT h.id, h.state, coalesce(h.completed_at, h.cancelled_at)
+           FROM throttle.event_history h  -- event_history_key
+           WHERE h.queue = _notice_not_pending.queue AND h.item_key = _notice_not_pending.item_key
+           ORDER BY h.id DESC LIMIT 1)) AS f
+    ORDER BY f.id DESC
+    LIMIT 1;
+    IF NOT FOUND THEN
+        RAISE NOTICE '%: the queue has no event with that item_key', head;
+    ELSIF e.state = 'dead' THEN
+        RAISE NOTICE '%: event % is dead since %', head, e.id, e.at
+              USING HINT = 'Its attempts are used up: throttle.retry brings it back.';
+    ELSIF e.state = 'done' THEN
+        RAISE NOTICE '%: event % was completed at %', head, e.id, e.at;
+    ELSE
+        RAISE NOTICE '%: event % was cancelled at %', head, e.id, e.at;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION throttle._notice_not_pending(text, text, text) IS
+    'Internal: raises the NOTICE of cancel and reschedule (caller) when the queue has no pending event item_key: its newest event is claimed (and still runs), dead, done or cancelled, or there is none; only that there is none pending to a caller who may not read throttle.all_events.';
+REVOKE EXECUTE ON FUNCTION throttle._notice_not_pending(text, text, text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION throttle.cancel(queue text, item_key text)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM throttle._require(queue, 'queue'), throttle._require(item_key, 'item_key');
+    WITH moved AS (
+        DELETE FROM throttle.event e  -- event_pending_key
+        WHERE e.queue = cancel.queue AND e.item_key = cancel.item_key AND e.state = 'pending'
+        RETURNING e.*)
+    INSERT INTO throttle.event_history
+    SELECT m.id, m.queue, m.item_key, m.group_key, m.payload, m.run_at, 'cancelled', m.attempts,
+           m.max_attempts, m.enqueued_at, m.enqueued_by, m.claimed_at, m.claimed_by,
+           m.claim_token, m.lease_until, m.completed_at, m.completed_by, throttle.now(),
+           m.last_error, m.claimed_role, m.priority, m.failed_at, throttle._caller(),
+           m.concurrency_key
+    FROM moved m;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    PERFORM throttle._notice_not_pending(queue, item_key, 'throttle.cancel');
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION throttle.cancel(text, text) IS
+    'Cancels the pending event item_key of the queue; false when there is none, with a NOTICE that says why: the key''s event is claimed (it still runs), dead, done or cancelled, or the queue has none (the reason to roles that may read throttle.all_events). The event moves to throttle.event_history, state cancelled, with cancelled_at and cancelled_by.';
+
+CREATE OR REPLACE FUNCTION throttle.reschedule(queue text, item_key text, run_at timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    event_id bigint;
+BEGIN
+    PERFORM throttle._require(queue, 'queue'), throttle._require(item_key, 'item_key'),
+            throttle._require(run_at, 'run_at');
+    UPDATE throttle.event e SET run_at = reschedule.run_at
+    WHERE e.queue = reschedule.queue AND e.item_key = reschedule.item_key AND e.state = 'pending'
+    RETURNING e.id INTO event_id;
+    IF event_id IS NULL THEN
+        PERFORM throttle._notice_not_pending(queue, item_key, 'throttle.reschedule');
+        RETURN false;
+    END IF;
+    IF run_at <= throttle.now() THEN
+        PERFORM pg_notify(queue, event_id::text);
+    END IF;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION throttle.reschedule(text, text, timestamptz) IS
+    'Moves the pending event item_key of the queue to run_at; false when there is none, with a NOTICE that says why, as throttle.cancel.';
+
+COMMENT ON FUNCTION throttle.complete(bigint[], bigint) IS
+    'Marks the events done, if the claim token still holds them and the caller is the claim''s role (or may act for it); returns how many. A worker whose claim was taken over gets 0, and a NOTICE says how many of the events given the token did not hold.';
+COMMENT ON FUNCTION throttle.fail(bigint[], bigint, text, interval) IS
+    'Records a failed attempt (in throttle.event_attempt, and failed_at): keeps the error and retries after retry_in, or 10 s * 2^(attempts-1) up to 1 hour; after max_attempts the event is dead, and when its item_key was scheduled again meanwhile it is cancelled, superseded by that newer run. In a group kept in strict order (throttle.group_policy) the claim''s later events of the group go back to pending behind the failed one, their attempt not counted. Only through the claim token that holds the events, by the claim''s role; returns how many failed, and a NOTICE says how many of the events given the token did not hold.';
+COMMENT ON FUNCTION throttle.extend(bigint[], bigint, interval) IS
+    'Extends the claim token on the events to lease from now (and the group''s lease), by the claim''s role, while its lease holds: a claim whose lease has ended is not revived. Returns how many, and a NOTICE says how many of the events given the token did not hold with a lease in force.';
+
+-- reset names the kind it refuses, group, and the call that ends a group's
+-- claim; the instant a lock's lease ends keeps its two names, each right
+-- for its view (status: when the entry next grants, for every kind;
+-- locks: when the lease ends), now said in their columns' comments.
+COMMENT ON FUNCTION throttle.reset(text, text) IS
+    'Clears the registry entries named name in this database (kind resource, bucket, queue_bucket, group_bucket or lock; NULL: all of them; a group''s bucket is named after its queue and group as throttle.status shows it) and returns how many; a cleared resource or lock can be granted at once, a cleared bucket is full. Kind group, a group''s lease, is refused (22023): the claimed events would still hold the group; throttle.release_group ends that claim. For operators after an incident: not granted to PUBLIC.';
+COMMENT ON COLUMN throttle.status.kind IS
+    'resource, bucket, lock; for the event queue group (a group''s lease, held by a claim_group claim), queue_bucket and group_bucket (throttle.queue_bucket, throttle.group_bucket). throttle.reset clears every kind but group, which throttle.release_group ends.';
+COMMENT ON COLUMN throttle.status.next_grant_at IS
+    'When the entry next grants a call: for a resource, the end of its interval; for a bucket, when one more unit is back (now when one is left); for a lock or a group''s lease, the end of the lease (infinity for a session lock), which throttle.locks shows as expires_at.';
+COMMENT ON COLUMN throttle.locks.expires_at IS
+    'When the lease ends unless renewed or released first; NULL for a session lock, held until unlocked or its session ends. throttle.status shows the same instant as next_grant_at.';
