@@ -75,9 +75,9 @@ format:
 	clang-format -i $(LINT_SRCS) $(LINT_HDRS)
 format-check:
 	clang-format --dry-run -Werror $(LINT_SRCS) $(LINT_HDRS)
-# Every #if on the server version is in src/pg/compat.hpp.
+# Every #if on the server version is in src/pg/server/compat.hpp.
 compat-check:
-	@! grep -rn 'PG_VERSION_NUM' src --include='*.cpp' --include='*.hpp' | grep -v '^src/pg/compat.hpp:'
+	@! grep -rn 'PG_VERSION_NUM' src --include='*.cpp' --include='*.hpp' | grep -v '^src/pg/server/compat.hpp:'
 # clang-tidy counts the warnings it found in system headers and suppressed
 # ("N warnings generated.", one line a file): those lines are dropped, the
 # findings and the exit status are kept.

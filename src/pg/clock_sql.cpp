@@ -1,9 +1,9 @@
 // throttle.now(): the extension's clock as SQL sees it (the test clock when
 // set), used by the event queue so that its times follow the same clock.
-#include "pg/clock.hpp"
-#include "pg/registry.hpp"
+#include "pg/server/clock.hpp"
+#include "pg/registry/registry.hpp"
 
-#include "pg/boundary.hpp"
+#include "pg/server/boundary.hpp"
 
 namespace pg_throttle::pg {
 namespace {

@@ -4,17 +4,17 @@
 #include "pg/durability/wal.hpp"
 #include "pg/locks/lock_waiters.hpp"
 #include "pg/locks/locks.hpp"
-#include "pg/registry.hpp"
+#include "pg/registry/registry.hpp"
 #include "pg/queue/scan_floors.hpp"
 #include "pg/scale_out/arrivals.hpp"
 
-#include "pg/clock.hpp"
-#include "pg/compat.hpp"
+#include "pg/server/clock.hpp"
+#include "pg/server/compat.hpp"
 #include "pg/durability/checkpoint.hpp"
 #include "pg/durability/fence.hpp"
-#include "pg/durability/persistence.hpp"
-#include "pg/pg_headers.hpp"
-#include "pg/standby.hpp"
+#include "pg/durability/state_file.hpp"
+#include "pg/server/pg_headers.hpp"
+#include "pg/registry/standby.hpp"
 
 extern "C" {
 #include "tcop/utility.h"

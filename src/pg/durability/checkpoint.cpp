@@ -4,9 +4,7 @@
 #include "pg/durability/checkpoint_file.hpp"
 
 #include "pg/durability/lease_journal.hpp"
-#include "pg/registry.hpp"
-
-#include "pg/boundary.hpp"
+#include "pg/registry/registry.hpp"
 
 extern "C" {
 #include "access/xlog.h"
@@ -80,15 +78,6 @@ void temp_path(char* path, size_t size) {
 void report_remove_failure(int elevel) {
     ereport(elevel,
             (errcode_for_file_access(), errmsg("could not remove \"%s\": %m", kCheckpointFile)));
-}
-
-Datum checkpoint_sql(FunctionCallInfo /*fcinfo*/) {
-    registry_require();
-    if (RecoveryInProgress()) {
-        ereport(ERROR, (errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
-                        errmsg("cannot write a pg_throttle checkpoint during recovery")));
-    }
-    PG_RETURN_INT64(checkpoint_write(false));
 }
 
 }  // namespace
@@ -281,5 +270,3 @@ void pg_throttle_checkpointer_main(Datum /*arg*/) {
         MemoryContextReset(work);
     }
 }
-
-PG_THROTTLE_SQL_FUNCTION(pg_throttle_checkpoint, pg_throttle::pg::checkpoint_sql)

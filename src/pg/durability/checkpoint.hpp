@@ -17,7 +17,7 @@
 #pragma once
 
 #include "core/time_math.hpp"
-#include "pg/pg_headers.hpp"
+#include "pg/server/pg_headers.hpp"
 
 extern "C" {
 PGDLLEXPORT void pg_throttle_checkpointer_main(Datum arg);

@@ -7,7 +7,7 @@
 #pragma once
 
 // registry.hpp brings in src/core: before any PostgreSQL header.
-#include "pg/registry.hpp"
+#include "pg/registry/registry.hpp"
 
 namespace pg_throttle::pg {
 

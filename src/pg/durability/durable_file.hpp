@@ -3,7 +3,7 @@
 // durable_file_close and then renames it into place (durable_rename).
 #pragma once
 
-#include "pg/pg_headers.hpp"
+#include "pg/server/pg_headers.hpp"
 
 namespace pg_throttle::pg {
 

@@ -1,9 +1,8 @@
 // wal.hpp brings in src/core: before any PostgreSQL header.
 #include "pg/durability/wal.hpp"
 
-#include "pg/atomic_raise.hpp"
-#include "pg/durability/durable_file.hpp"
 #include "pg/durability/fence.hpp"
+#include "pg/durability/durable_file.hpp"
 #include "pg/durability/sync_standbys.hpp"
 
 extern "C" {

@@ -12,7 +12,7 @@
 // token handed out before.
 #pragma once
 
-#include "pg/pg_headers.hpp"
+#include "pg/server/pg_headers.hpp"
 
 namespace pg_throttle::pg {
 
@@ -63,5 +63,14 @@ int64 fence_next();
 // (after a restart, from the saved state).
 int64 fence_last();
 void fence_raise_to(int64 token);
+
+// Raises a 64-bit counter in shared memory to at least `to`, without a lock
+// (the fence counter and limit, the lease journal's sequence).
+inline void atomic_raise(int64* value, int64 to) {
+    int64 seen = __atomic_load_n(value, __ATOMIC_ACQUIRE);
+    while (seen < to && !__atomic_compare_exchange_n(value, &seen, to, true, __ATOMIC_ACQ_REL,
+                                                     __ATOMIC_ACQUIRE)) {
+    }
+}
 
 }  // namespace pg_throttle::pg

@@ -1,8 +1,7 @@
 #include "pg/durability/lease_journal.hpp"
 
-#include "pg/atomic_raise.hpp"
-#include "pg/durability/durable_file.hpp"
 #include "pg/durability/fence.hpp"
+#include "pg/durability/durable_file.hpp"
 #include "pg/durability/wal.hpp"
 
 extern "C" {

@@ -29,7 +29,7 @@
 #pragma once
 
 // registry.hpp brings in src/core: before any PostgreSQL header.
-#include "pg/registry.hpp"
+#include "pg/registry/registry.hpp"
 
 extern "C" {
 #include "access/xlogdefs.h"

@@ -1,5 +1,3 @@
-#include "pg/durability/persistence.hpp"
-
 // state_file.hpp brings in src/core: before any PostgreSQL header.
 #include "pg/durability/state_file.hpp"
 

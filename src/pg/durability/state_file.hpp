@@ -1,10 +1,15 @@
 // The format of the registry's shutdown dump (pg_throttle.state): a header with a magic number, a
 // format version, the entry size, the count, the fence counter, the time it was taken and the crash
 // rules in force; the entries; a CRC-32C of all of it.
+//
+// The registry across clean restarts (persistence.cpp): written at postmaster shutdown, read once
+// at startup (the pg_stat_statements pattern). The file is written under a temporary name and
+// renamed into place durably, and removed once read, so a later crash never brings back state
+// older than what shared memory held.
 #pragma once
 
 // registry.hpp brings in src/core: before any PostgreSQL header.
-#include "pg/registry.hpp"
+#include "pg/registry/registry.hpp"
 
 namespace pg_throttle::pg {
 
@@ -35,5 +40,10 @@ bool state_file_write(const char* path, const StateFileInfo& info, EntrySource s
 // false), or why it was not used.
 const char* state_file_read(const char* path, bool (*restore)(const RegistryEntry&, void*),
                             void* ctx, StateFileInfo* info, bool* found);
+
+// In shmem_startup_hook, in the postmaster: loads the file if there is one
+// (a WARNING, not a failure, when it is damaged or from another version)
+// and arranges for the registry to be written at shutdown.
+void persistence_startup();
 
 }  // namespace pg_throttle::pg

@@ -1,7 +1,7 @@
 // The pure core first: it refuses to compile after PostgreSQL's headers.
 #include "core/sync_standbys.hpp"
 
-#include "pg/compat.hpp"
+#include "pg/server/compat.hpp"
 #include "pg/durability/sync_standbys.hpp"
 
 extern "C" {

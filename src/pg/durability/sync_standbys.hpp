@@ -3,7 +3,7 @@
 // promoted standby must know what the primary promised.
 #pragma once
 
-#include "pg/pg_headers.hpp"
+#include "pg/server/pg_headers.hpp"
 
 extern "C" {
 #include "access/xlogdefs.h"

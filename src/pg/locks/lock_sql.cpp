@@ -2,8 +2,8 @@
 // with fence tokens (locks.hpp).
 #include "pg/locks/locks.hpp"
 
-#include "pg/arguments.hpp"
-#include "pg/boundary.hpp"
+#include "pg/server/arguments.hpp"
+#include "pg/server/boundary.hpp"
 #include "pg/scale_out/placement.hpp"
 
 namespace pg_throttle::pg {

@@ -1,6 +1,6 @@
 #include "pg/locks/lock_waiters.hpp"
 
-#include "pg/compat.hpp"
+#include "pg/server/compat.hpp"
 
 namespace pg_throttle::pg {
 namespace {

@@ -9,7 +9,7 @@
 #pragma once
 
 #include "core/names.hpp"
-#include "pg/registry.hpp"
+#include "pg/registry/registry.hpp"
 
 namespace pg_throttle::pg {
 

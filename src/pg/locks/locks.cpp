@@ -3,13 +3,12 @@
 // lease_journal.hpp brings in src/core: before any PostgreSQL header.
 #include "pg/durability/lease_journal.hpp"
 
-#include "pg/client_connection.hpp"
-#include "pg/clock.hpp"
+#include "pg/server/waiting.hpp"
+#include "pg/server/clock.hpp"
 #include "pg/durability/fence.hpp"
 #include "pg/durability/sync_standbys.hpp"
 #include "pg/locks/lock_waiters.hpp"
 #include "pg/scale_out/placement.hpp"
-#include "pg/wait_events.hpp"
 
 extern "C" {
 #include "access/xlog.h"
@@ -306,7 +305,7 @@ WaitCheck wait_in_queue(const RegistryKey& key, core::Micros wait_us, uint32 eve
             placement_resume();
             fence_reserve_ahead();
             WaitCheck check{now_for(key), real_now() >= deadline, 0, 0, 0, 0, false};
-            registry_update_existing(key, wait_check, &check);
+            registry_update_existing(key, wait_check, &check, placement_moved_in_at(key));
             if (!check.found) {
                 waiter_forget_mine();  // the entry is gone: stop
                 break;
@@ -332,7 +331,7 @@ WaitCheck wait_in_queue(const RegistryKey& key, core::Micros wait_us, uint32 eve
         // let go (placement_pause): a hand-over it makes goes to a waiter
         // that checks the placement again before it takes the lock.
         core::Micros now = now_for(key);
-        registry_update_existing(key, abandon_wait, &now);
+        registry_update_existing(key, abandon_wait, &now, placement_moved_in_at(key));
         PG_RE_THROW();
     }
     PG_END_TRY();
@@ -408,13 +407,13 @@ void unlock_update(RegistryEntry* entry, void* ctx) {
 void run_token_call(const RegistryKey& key, void (*update)(RegistryEntry* entry, void* ctx),
                     TokenCall* call) {
     const TokenCall initial = *call;
-    registry_update_existing(key, update, call);
+    registry_update_existing(key, update, call, placement_moved_in_at(key));
     if (call->refused && has_privs_of_role(call->role, call->refused_owner)) {
         TokenCall again = initial;
         again.vouched = true;
         again.vouched_for = call->refused_owner;
         *call = again;
-        registry_update_existing(key, update, call);
+        registry_update_existing(key, update, call, placement_moved_in_at(key));
     }
 }
 
@@ -423,7 +422,7 @@ void run_token_call(const RegistryKey& key, void (*update)(RegistryEntry* entry,
 void release_after_error(const RegistryKey& key, int64 token) {
     TokenCall call = token_call(key, token, 0);
     call.check_owner = false;  // this backend's own grant, just made
-    registry_update_existing(key, unlock_update, &call);
+    registry_update_existing(key, unlock_update, &call, placement_moved_in_at(key));
     if (call.journal) {
         write_release(call.record, false);
     }
@@ -489,7 +488,8 @@ void release_if_own_session_lock(RegistryEntry* entry, void* ctx) {
 // Releases the session locks this session holds; a waiter gets each.
 void release_own_session_locks(core::Micros* now) {
     for (int i = 0; i < session_locks.count; ++i) {
-        registry_update_existing(session_locks.keys[i], release_if_own_session_lock, now);
+        registry_update_existing(session_locks.keys[i], release_if_own_session_lock, now,
+                                 placement_moved_in_at(session_locks.keys[i]));
     }
     session_locks.count = 0;
 }
@@ -500,7 +500,7 @@ void release_at_exit(int /*code*/, Datum /*arg*/) {
     // A FATAL error (pg_terminate_backend) during a wait skips PG_CATCH.
     WaiterSlot* me = my_waiter_slot();
     if (me->waiting || me->granted_token != 0) {
-        registry_update_existing(me->key, abandon_wait, &now);
+        registry_update_existing(me->key, abandon_wait, &now, placement_moved_in_at(me->key));
     }
     release_own_session_locks(&now);
 }
@@ -562,7 +562,7 @@ int64 lock_take(const RegistryKey& key, int64 ttl, core::Micros wait_us, const H
     do {
         fence_reserve_ahead();
         call = LockCall{now_for(key), ttl, wait_us > 0, &holder, role, 0, false, false, false, {}};
-        registry_apply(key, kLockOp, &call);
+        registry_apply(key, kLockOp, &call, placement_moved_in_at(key));
     } while (call.tokens_used_up);
     int64 token = call.token;
     LeaseRecord record = call.granted;
@@ -642,7 +642,7 @@ void read_held_token(RegistryEntry* entry, void* ctx) {
 
 int64 lock_token_held(const RegistryKey& key) {
     HeldToken read{now_for(key), 0};
-    registry_update_existing(key, read_held_token, &read);
+    registry_update_existing(key, read_held_token, &read, placement_moved_in_at(key));
     return read.token;
 }
 
@@ -650,7 +650,7 @@ bool lock_reset(const RegistryKey& key) {
     refuse_on_standby();
     fence_reserve_ahead();
     TokenCall call = token_call(key, 0, 0);
-    registry_update_existing(key, reset_update, &call);
+    registry_update_existing(key, reset_update, &call, placement_moved_in_at(key));
     if (call.journal) {
         write_release(call.record, true);
     }

@@ -15,8 +15,8 @@
 // journaled: after a crash they are free at once.
 #pragma once
 
-#include "pg/holder.hpp"
-#include "pg/registry.hpp"
+#include "pg/registry/holder.hpp"
+#include "pg/registry/registry.hpp"
 
 namespace pg_throttle::pg {
 

@@ -4,7 +4,7 @@
 // only when there are some.
 #include "pg/queue/blocking_claims.hpp"
 
-#include "pg/kept_plan.hpp"
+#include "pg/server/kept_plan.hpp"
 
 namespace pg_throttle::pg {
 namespace {

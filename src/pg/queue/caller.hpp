@@ -2,7 +2,7 @@
 // the owner of the SECURITY DEFINER functions that run the queue.
 #pragma once
 
-#include "pg/pg_headers.hpp"
+#include "pg/server/pg_headers.hpp"
 
 namespace pg_throttle::pg {
 

@@ -1,8 +1,8 @@
 // First: it includes src/core headers, which come before PostgreSQL's.
 #include "pg/queue/group_lease.hpp"
 
-#include "pg/clock.hpp"
-#include "pg/kept_plan.hpp"
+#include "pg/server/clock.hpp"
+#include "pg/server/kept_plan.hpp"
 #include "pg/queue/claim_end.hpp"
 #include "pg/queue/event_rows.hpp"
 #include "pg/queue/group_lease_xact.hpp"

@@ -5,7 +5,7 @@
 // throttle._notify_successors does (release_group still calls it).
 #pragma once
 
-#include "pg/pg_headers.hpp"
+#include "pg/server/pg_headers.hpp"
 
 namespace pg_throttle::pg {
 

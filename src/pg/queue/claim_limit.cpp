@@ -1,6 +1,6 @@
 // The core's headers (through bucket.hpp) come before PostgreSQL's.
-#include "pg/bucket.hpp"
-#include "pg/catalog.hpp"
+#include "pg/rate/bucket.hpp"
+#include "pg/server/catalog.hpp"
 #include "pg/queue/claim_limit.hpp"
 #include "pg/queue/group_lease.hpp"
 

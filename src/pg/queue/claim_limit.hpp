@@ -19,7 +19,7 @@
 // queue's units for no more than the group's bucket has, then the group's.
 #pragma once
 
-#include "pg/bucket.hpp"
+#include "pg/rate/bucket.hpp"
 
 namespace pg_throttle::pg {
 

@@ -1,6 +1,6 @@
 #include "pg/queue/claim_lock.hpp"
 
-#include "pg/kept_plan.hpp"
+#include "pg/server/kept_plan.hpp"
 
 namespace pg_throttle::pg {
 namespace {

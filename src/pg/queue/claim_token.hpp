@@ -5,7 +5,7 @@
 // counter.)
 #pragma once
 
-#include "pg/pg_headers.hpp"
+#include "pg/server/pg_headers.hpp"
 
 namespace pg_throttle::pg {
 

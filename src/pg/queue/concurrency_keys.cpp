@@ -1,9 +1,7 @@
 // Per-key concurrency for throttle.claim (concurrency_keys.hpp).
 #include "pg/queue/concurrency_keys.hpp"
 
-#include "pg/boundary.hpp"
-#include "pg/kept_plan.hpp"
-#include "pg/queue/lock_classes.hpp"
+#include "pg/server/kept_plan.hpp"
 #include "pg/queue/policy_lock.hpp"
 
 extern "C" {
@@ -25,8 +23,9 @@ KeptPlan claims_of_key{
     {TEXTOID, TEXTOID, TIMESTAMPTZOID},
     nullptr};
 
-// The key lock of (queue, key).
-LOCKTAG key_lock_tag(Datum queue, const text* key) {
+}  // namespace
+
+LOCKTAG concurrency_key_lock_tag(Datum queue, const text* key) {
     const text* queue_text = DatumGetTextPP(queue);
     const uint64 queue_hash =
         hash_bytes_extended(reinterpret_cast<const unsigned char*>(VARDATA_ANY(queue_text)),
@@ -40,15 +39,17 @@ LOCKTAG key_lock_tag(Datum queue, const text* key) {
     return tag;
 }
 
+namespace {
+
 // The key lock, taken without waiting until the transaction ends; false
 // when another transaction holds it.
 bool try_lock_key(Datum queue, const text* key) {
-    LOCKTAG tag = key_lock_tag(queue, key);
+    LOCKTAG tag = concurrency_key_lock_tag(queue, key);
     return LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
 }
 
 void unlock_key(Datum queue, const text* key) {
-    LOCKTAG tag = key_lock_tag(queue, key);
+    LOCKTAG tag = concurrency_key_lock_tag(queue, key);
     (void)LockRelease(&tag, ExclusiveLock, false);
 }
 
@@ -173,20 +174,4 @@ ArrayType* concurrency_keys_full(const ConcurrencyKeys& keys) {
     return keys_array(keys, false);
 }
 
-namespace {
-
-// (queue text, concurrency_key text) -> void: extend's key lock, shared
-// (extends of one key never wait for each other), waited for.
-Datum lock_concurrency_key(FunctionCallInfo fcinfo) {
-    if (PG_ARGISNULL(0) || PG_ARGISNULL(1)) {
-        PG_RETURN_VOID();
-    }
-    LOCKTAG tag = key_lock_tag(PG_GETARG_DATUM(0), PG_GETARG_TEXT_PP(1));
-    (void)LockAcquire(&tag, ShareLock, false, false);
-    PG_RETURN_VOID();
-}
-
-}  // namespace
 }  // namespace pg_throttle::pg
-
-PG_THROTTLE_SQL_FUNCTION(pg_throttle_lock_concurrency_key, pg_throttle::pg::lock_concurrency_key)

@@ -6,7 +6,7 @@
 // Exact under concurrency and after crashes, with nothing in shared memory:
 //  - before it takes an event of key K, a claim takes K's key lock (an
 //    advisory lock of pg_throttle's own class on a hash of the queue and K,
-//    lock_classes.hpp) without waiting, and holds it until its transaction
+//    policy_lock.hpp) without waiting, and holds it until its transaction
 //    ends. A claim that finds it held leaves K's events this time, as SKIP
 //    LOCKED leaves rows.
 //  - Holding it, the claim counts K's claims whose lease holds in the latest
@@ -28,7 +28,7 @@
 // policy lock, it leaves every keyed event this time.
 #pragma once
 
-#include "pg/pg_headers.hpp"
+#include "pg/server/pg_headers.hpp"
 
 namespace pg_throttle::pg {
 
@@ -67,6 +67,10 @@ struct ConcurrencyKeys {
 // The keys of a claim of `queue` at `now`, starting with `full` (the value
 // of PG_THROTTLE_FULL_CONCURRENCY_KEYS), which take no more events.
 ConcurrencyKeys concurrency_keys_start(Datum queue, TimestampTz now, ArrayType* full);
+
+// The key lock of (`queue`, `key`): an advisory lock of pg_throttle's own
+// class (policy_lock.hpp) on a hash of the two.
+LOCKTAG concurrency_key_lock_tag(Datum queue, const text* key);
 
 // Whether the claim may take one more event of `key` (which it then counts
 // as taken): the first time it meets `key`, it takes the key lock and counts

@@ -10,7 +10,7 @@
 // transaction, which AtEOXact_GUC ends right after the commit.
 #include "pg/queue/durable_commit.hpp"
 
-#include "pg/boundary.hpp"
+#include "pg/server/boundary.hpp"
 
 namespace pg_throttle::pg {
 namespace {

@@ -2,7 +2,7 @@
 // id::text) does, without a statement.
 #pragma once
 
-#include "pg/pg_headers.hpp"
+#include "pg/server/pg_headers.hpp"
 
 namespace pg_throttle::pg {
 

@@ -1,7 +1,7 @@
 // Rows of throttle.event in and out of the queue's native functions.
 #pragma once
 
-#include "pg/pg_headers.hpp"
+#include "pg/server/pg_headers.hpp"
 
 namespace pg_throttle::pg {
 

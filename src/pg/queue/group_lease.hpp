@@ -5,8 +5,8 @@
 // (throttle.group_policy) uses slots 0 to N - 1, one per claim.
 #pragma once
 
-#include "pg/holder.hpp"
-#include "pg/registry.hpp"
+#include "pg/registry/holder.hpp"
+#include "pg/registry/registry.hpp"
 
 namespace pg_throttle::pg {
 

@@ -18,7 +18,7 @@
 // stays held until its lease expires. Both err on the side of holding.
 #pragma once
 
-#include "pg/registry.hpp"
+#include "pg/registry/registry.hpp"
 
 namespace pg_throttle::pg {
 

@@ -1,7 +1,7 @@
 // throttle.group_policy as claim_group reads it (group_policy.hpp).
 #include "pg/queue/group_policy.hpp"
 
-#include "pg/kept_plan.hpp"
+#include "pg/server/kept_plan.hpp"
 #include "pg/queue/policy_lock.hpp"
 
 namespace pg_throttle::pg {

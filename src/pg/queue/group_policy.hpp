@@ -2,7 +2,7 @@
 // read under the policy lock (policy_lock.hpp), which makes a change exact.
 #pragma once
 
-#include "pg/pg_headers.hpp"
+#include "pg/server/pg_headers.hpp"
 
 namespace pg_throttle::pg {
 

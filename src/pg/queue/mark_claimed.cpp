@@ -8,7 +8,7 @@
 // key, never through a partial index on state.
 #include "pg/queue/mark_claimed.hpp"
 
-#include "pg/kept_plan.hpp"
+#include "pg/server/kept_plan.hpp"
 
 namespace pg_throttle::pg {
 namespace {

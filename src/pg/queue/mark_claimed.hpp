@@ -4,7 +4,7 @@
 // their item_key supersedes (throttle._mark_claimed's rules).
 #pragma once
 
-#include "pg/pg_headers.hpp"
+#include "pg/server/pg_headers.hpp"
 
 namespace pg_throttle::pg {
 

@@ -1,4 +1,4 @@
-// The policy lock (policy_lock.hpp) and the trigger that takes it.
+// The policy lock (policy_lock.hpp); policy_sql.cpp has the trigger that takes it.
 //
 // It is an advisory lock of a class of its own (field 4 of the tag, which
 // pg_advisory_lock's keys never use), one per database. It costs a claim one
@@ -6,11 +6,7 @@
 // unlike a row lock on the policy, which would make every empty poll write.
 #include "pg/queue/policy_lock.hpp"
 
-#include "pg/boundary.hpp"
-#include "pg/queue/lock_classes.hpp"
-
 extern "C" {
-#include "commands/trigger.h"
 #include "storage/lmgr.h"
 }
 
@@ -35,20 +31,4 @@ bool try_lock_queue_policies_shared() {
     return acquire_policy_lock(ShareLock, true);
 }
 
-namespace {
-
-// () -> trigger: FOR EACH STATEMENT on throttle.group_policy and
-// throttle.concurrency_policy.
-Datum policy_changes(FunctionCallInfo fcinfo) {
-    if (!CALLED_AS_TRIGGER(fcinfo)) {
-        ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-                        errmsg("throttle._policy_changes is a trigger")));
-    }
-    lock_queue_policies(ExclusiveLock);
-    return PointerGetDatum(nullptr);
-}
-
-}  // namespace
 }  // namespace pg_throttle::pg
-
-PG_THROTTLE_SQL_FUNCTION(pg_throttle_policy_changes, pg_throttle::pg::policy_changes)

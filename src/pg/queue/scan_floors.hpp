@@ -42,7 +42,7 @@
 #pragma once
 
 #include "core/scan_floor.hpp"
-#include "pg/pg_headers.hpp"
+#include "pg/server/pg_headers.hpp"
 
 namespace pg_throttle::pg {
 

@@ -11,15 +11,12 @@
 #pragma once
 
 #include "core/time_math.hpp"
-#include "pg/pg_headers.hpp"
+#include "pg/registry/registry.hpp"
 
 #include <limits>
 #include <optional>
 
 namespace pg_throttle::pg {
-
-// The arrival of a placement created with its shard: nothing to fence.
-inline constexpr core::Micros kNeverMoved = std::numeric_limits<core::Micros>::min();
 
 void arrivals_request_shmem();
 void arrivals_attach_shmem();

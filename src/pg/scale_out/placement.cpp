@@ -1,7 +1,7 @@
 #include "pg/scale_out/placement.hpp"
 
 #include "pg/durability/fence.hpp"
-#include "pg/kept_plan.hpp"
+#include "pg/server/kept_plan.hpp"
 #include "pg/scale_out/arrivals.hpp"
 
 #include "utils/syscache.h"

@@ -13,8 +13,8 @@
 #pragma once
 
 #include "core/time_math.hpp"
-#include "pg/pg_headers.hpp"
-#include "pg/registry.hpp"
+#include "pg/server/pg_headers.hpp"
+#include "pg/registry/registry.hpp"
 #include "pg/scale_out/arrivals.hpp"
 
 namespace pg_throttle::pg {
