@@ -5,7 +5,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # Which Debian release ships which version, and the trees for the others.
 source "$ROOT/scripts/debian_tree.sh"
 
-# The PostgreSQL major versions pg_throttle builds for (src/pg/compat.hpp).
+# The PostgreSQL major versions pg_throttle builds for (src/pg/server/compat.hpp).
 SUPPORTED_PG_MAJORS=(15 16 17 18)
 
 # The version to build and test for when PG_MAJOR does not say: the newest

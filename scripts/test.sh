@@ -5,7 +5,7 @@
 #   bash scripts/test.sh              all three
 #   bash scripts/test.sh --pg 17      one version only (repeat --pg for more)
 #
-# Lint (clang-format, clang-tidy, every version #if in src/pg/compat.hpp) and
+# Lint (clang-format, clang-tidy, every version #if in src/pg/server/compat.hpp) and
 # META.json are checked once, here. Then
 # for each version scripts/test-version.sh builds, installs and runs the
 # unit tests, the CMake build, pg_regress, pgTAP, the integration tests, the

@@ -88,7 +88,7 @@ CREATE INDEX event_dead ON throttle.event (queue, completed_at)
 
 -- The rules of a row, checked by a C trigger rather than CHECK constraints,
 -- which PostgreSQL builds again at every execution of a statement that
--- writes the table (src/pg/queue/event_check.cpp): the same rules, names
+-- writes the table (src/pg/queue/event_check_sql.cpp): the same rules, names
 -- and SQLSTATE (23514); and a pending event without attempts left (from a
 -- dump of an earlier version) is stored dead.
 CREATE FUNCTION throttle._event_check()
@@ -301,8 +301,8 @@ COMMENT ON FUNCTION throttle._positive(interval, text) IS 'Internal: raises 2200
 
 -- A group's lease: in shared memory, a kind of its own (no throttle.lock name
 -- reaches it), not journaled: the claimed rows are the durable truth.
--- claim_group takes it natively (src/pg/queue/claim_group.cpp), extend
--- renews it natively (extend.cpp); these end it.
+-- claim_group takes it natively (src/pg/queue/claim_group_sql.cpp), extend
+-- renews it natively (extend_sql.cpp); these end it.
 CREATE FUNCTION throttle._group_release(queue text, group_key text, token bigint)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'pg_throttle_group_release'
@@ -340,7 +340,7 @@ LANGUAGE C VOLATILE PARALLEL SAFE;
 COMMENT ON FUNCTION throttle._acts_as(oid) IS
     'Internal: whether the calling role has the privileges of role (a claim''s); NULL or a dropped role: superusers only.';
 
--- What schedule_many checks of its scalar arguments (not NULL); schedule.cpp
+-- What schedule_many checks of its scalar arguments (not NULL); schedule_sql.cpp
 -- checks the same, with the same messages.
 CREATE FUNCTION throttle._check_schedule(queue text, max_attempts integer, on_duplicate text)
 RETURNS void
@@ -369,7 +369,7 @@ CREATE FUNCTION throttle.schedule(queue text, item_key text, run_at timestamptz,
                                   on_duplicate text DEFAULT 'replace',
                                   concurrency_key text DEFAULT NULL)
 RETURNS bigint
-AS 'MODULE_PATHNAME', 'pg_throttle_schedule'  -- src/pg/queue/schedule.cpp
+AS 'MODULE_PATHNAME', 'pg_throttle_schedule'  -- src/pg/queue/schedule_sql.cpp
 LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION throttle.schedule(text, text, timestamptz, jsonb, text, integer, integer, text, text) IS
     'Schedules an event, or, when item_key names a pending event of the queue, updates it as on_duplicate says (replace: run_at, payload and priority; keep_earlier: the same but the earlier run_at; ignore: nothing; its group_key, concurrency_key and max_attempts stay); returns its id. A pending event that replace or keep_earlier updates is a new run: its attempts start again at 0, whatever its earlier claims used. When the event of item_key is claimed it is left alone and a new event is scheduled, which no worker gets before the claimed one ends. NOTIFYs the channel named after the queue when the event is due.';
@@ -778,7 +778,7 @@ COMMENT ON FUNCTION throttle.complete(bigint[], bigint) IS
 
 CREATE FUNCTION throttle.fail(ids bigint[], token bigint, error text, retry_in interval DEFAULT NULL)
 RETURNS integer
-AS 'MODULE_PATHNAME', 'pg_throttle_fail'  -- src/pg/queue/fail.cpp
+AS 'MODULE_PATHNAME', 'pg_throttle_fail'  -- src/pg/queue/fail_sql.cpp
 LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off  -- its statements reach events by primary key (claim_lock.cpp)
 SET jit = off;  -- kept plans whose cost grows with the table: no compile per call

@@ -3,7 +3,7 @@
 when a backend made its plans.
 
 The queue's native functions prepare each statement once per backend and
-keep its generic plan (src/pg/kept_plan.cpp) until the table's statistics
+keep its generic plan (src/pg/server/kept_plan.cpp) until the table's statistics
 change. A worker that starts while the queue is empty makes its plans for
 an empty table: a plan that scans the whole table, or hashes a whole index,
 costs nothing there, and every call pays for it later, as the table grows,

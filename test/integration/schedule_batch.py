@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from pgconn import connect, one  # noqa: E402
-from queue_defects import timed  # noqa: E402
+from queue_interleavings import timed  # noqa: E402
 from tap import Tap  # noqa: E402
 
 CLIENTS = 8

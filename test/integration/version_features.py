@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""What a newer server shows of pg_throttle (src/pg/compat.hpp), checked on
+"""What a newer server shows of pg_throttle (src/pg/server/compat.hpp), checked on
 the version the suite runs against:
 
 - every version: a session waiting in throttle.lock or throttle.wait waits

@@ -52,7 +52,7 @@ SELECT throws_ok($$INSERT INTO throttle.event (queue, item_key, run_at, state, e
                    VALUES ('tap.q', 'k', now(), 'done', now(), 'tap')$$, '23514', NULL,
     'the hot table holds no finished event: done and cancelled ones are in throttle.event_history');
 -- The rules of a row, checked by the trigger event_check (no CHECK constraint: see
--- src/pg/queue/event_check.cpp), on INSERT and on UPDATE, named as constraints were.
+-- src/pg/queue/event_check_sql.cpp), on INSERT and on UPDATE, named as constraints were.
 SELECT throws_ok($$INSERT INTO throttle.event (queue, item_key, run_at, enqueued_at, enqueued_by)
                    VALUES ('', 'k', now(), now(), 'tap')$$, '23514',
     'new row for relation "event" violates check constraint "event_queue_check"',

@@ -1,4 +1,4 @@
-// Who is calling the queue (caller.cpp): the role the session acts as, not
+// Who is calling the queue (caller_sql.cpp): the role the session acts as, not
 // the owner of the SECURITY DEFINER functions that run the queue.
 #pragma once
 

@@ -96,7 +96,7 @@ KeptPlan due_grouped_events{
 // queue, the group_key and now. GROUP_EVENTS: the group's events that are
 // not finished, along event_groups. HOLDS: another claim's, whose lease
 // holds. DUE_PENDING: a pending event due now whose item_key has no claimed
-// run (event_claimed_key; one lookup per row, as claim.cpp's due_events
+// run (event_claimed_key; one lookup per row, as claim_sql.cpp's due_events
 // says): one that has waits for it. LOCKABLE: what a claim may take,
 // rechecked on the row it locks (an event that turned into a claim whose
 // lease holds after the snapshot fails it). upper(state) keeps the generic

@@ -1,5 +1,5 @@
 // The lease that holds a group of the event queue: taken by claim_group
-// (claim_group.cpp), renewed by extend (extend.cpp), and ended by
+// (claim_group_sql.cpp), renewed by extend (extend_sql.cpp), and ended by
 // throttle._group_release, _group_release_at_commit and _group_reset
 // (group_lease_sql.cpp).
 //

@@ -22,7 +22,7 @@ int max_lease_seconds = 3600;
 HTAB* registry = nullptr;
 
 // The hash table's slots: pg_throttle.max_entries, and the room kept beside
-// it for queue groups' leases (registry_quota.hpp counts both pools).
+// it for queue groups' leases (registry/quota.hpp counts both pools).
 long table_size() {
     return static_cast<long>(max_entries + quota_group_lease_room(max_entries));
 }
@@ -216,7 +216,7 @@ void retire_counters(PartitionState& partition, const RegistryEntry& entry) {
 }
 
 // Queue groups' leases have room of their own, with a per-role share of it
-// (registry_quota.hpp); every other kind shares pg_throttle.max_entries.
+// (registry/quota.hpp); every other kind shares pg_throttle.max_entries.
 QuotaPool pool_of(const RegistryKey& key) {
     return key.kind == static_cast<uint8>(EntryKind::kQueueGroup) ? QuotaPool::kGroupLeases
                                                                   : QuotaPool::kShared;

@@ -8,7 +8,7 @@
 //
 // Every entry counts against its database and its owner role, which may hold
 // at most their quotas of the registry, except a queue group's lease, which
-// has room of its own beside it (registry_quota.hpp).
+// has room of its own beside it (registry/quota.hpp).
 #pragma once
 
 #include "core/names.hpp"
@@ -65,7 +65,7 @@ struct RegistryKey {
 struct RegistryEntry {
     RegistryKey key;  // first: dynahash keeps the key at the start of the entry
     dlist_node link;  // in its partition's list; the registry's own, never copied back
-    // The role the entry counts against (registry_quota.hpp): the role that
+    // The role the entry counts against (registry/quota.hpp): the role that
     // created it; for a lock, the role holding it (or that last held it).
     // InvalidOid when not known (restored from a file that did not say).
     Oid owner;

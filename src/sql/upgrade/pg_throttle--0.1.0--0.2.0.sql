@@ -304,7 +304,7 @@ CREATE FUNCTION throttle.schedule(queue text, item_key text, run_at timestamptz,
                                   on_duplicate text DEFAULT 'replace',
                                   concurrency_key text DEFAULT NULL)
 RETURNS bigint
-AS 'MODULE_PATHNAME', 'pg_throttle_schedule'  -- src/pg/queue/schedule.cpp
+AS 'MODULE_PATHNAME', 'pg_throttle_schedule'  -- src/pg/queue/schedule_sql.cpp
 LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION throttle.schedule(text, text, timestamptz, jsonb, text, integer, integer, text, text) IS
     'Schedules an event, or, when item_key names a pending event of the queue, updates it as on_duplicate says (replace: run_at, payload and priority; keep_earlier: the same but the earlier run_at; ignore: nothing; its group_key and concurrency_key stay); returns its id. When the event of item_key is claimed it is left alone and a new event is scheduled, which no worker gets before the claimed one ends. NOTIFYs the channel named after the queue when the event is due.';
@@ -500,7 +500,7 @@ COMMENT ON FUNCTION throttle.complete(bigint[], bigint) IS
 
 CREATE FUNCTION throttle.fail(ids bigint[], token bigint, error text, retry_in interval DEFAULT NULL)
 RETURNS integer
-AS 'MODULE_PATHNAME', 'pg_throttle_fail'  -- src/pg/queue/fail.cpp
+AS 'MODULE_PATHNAME', 'pg_throttle_fail'  -- src/pg/queue/fail_sql.cpp
 LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off;  -- its statements reach events by primary key (claim_lock.cpp)
 COMMENT ON FUNCTION throttle.fail(bigint[], bigint, text, interval) IS
@@ -912,11 +912,11 @@ $$;
 COMMENT ON FUNCTION throttle.retry(bigint) IS
     'Brings a dead event back: pending, due now, attempts reset; false when it is not dead or its item_key has a newer run, pending or claimed (throttle.retry(bigint[]) says why).';
 
--- claim_group is native (src/pg/queue/claim_group.cpp): its PL/pgSQL helpers go.
+-- claim_group is native (src/pg/queue/claim_group_sql.cpp): its PL/pgSQL helpers go.
 DROP FUNCTION throttle._claim_one_group(text, text, text, interval, timestamptz);
 DROP FUNCTION throttle._group_held(text, text, timestamptz);
 DROP FUNCTION throttle._group_take(text, text, text, interval);
--- So is extend (src/pg/queue/extend.cpp), which renews the group's lease itself.
+-- So is extend (src/pg/queue/extend_sql.cpp), which renews the group's lease itself.
 DROP FUNCTION throttle._group_renew(text, text, bigint, interval);
 
 -- The saved privileges, made again on the new signatures (by the extension

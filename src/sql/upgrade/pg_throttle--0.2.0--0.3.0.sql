@@ -35,7 +35,7 @@ COMMENT ON VIEW throttle.dead_events IS
     'The dead events (max_attempts used up), every column but the claim token: completed_at is when it died, last_error why. throttle.retry brings one back, throttle.purge deletes them when asked.';
 GRANT SELECT ON throttle.dead_events TO PUBLIC;
 
--- throttle.usage shows each row's own quota (src/pg/quota_settings.cpp).
+-- throttle.usage shows each row's own quota (src/pg/registry/quota_settings.cpp).
 COMMENT ON FUNCTION throttle.registry_usage() IS
     'How many registry entries each role and each database holds, and its quota: the one its own settings give it (ALTER ROLE, ALTER DATABASE ... SET, the server''s configuration), not the caller''s (all rows for superusers and pg_read_all_stats; else this database and the roles whose privileges the caller has); see the view throttle.usage.';
 COMMENT ON VIEW throttle.usage IS
