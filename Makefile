@@ -70,7 +70,7 @@ dist:
 # Lint: the project's clang-format and clang-tidy settings.
 LINT_SRCS = $(CORE_SRCS) $(PG_SRCS) $(UNIT_SRCS)
 LINT_HDRS = $(wildcard src/*/*.hpp src/pg/*/*.hpp)
-.PHONY: format format-check tidy compat-check
+.PHONY: format format-check tidy compat-check boundary-check
 format:
 	clang-format -i $(LINT_SRCS) $(LINT_HDRS)
 format-check:
@@ -78,6 +78,11 @@ format-check:
 # Every #if on the server version is in src/pg/server/compat.hpp.
 compat-check:
 	@! grep -rn 'PG_VERSION_NUM' src --include='*.cpp' --include='*.hpp' | grep -v '^src/pg/server/compat.hpp:'
+# The C++ / PostgreSQL boundary rules (docs/design.md, "The boundary"): the pure
+# core, includes pointing down, SQL entries behind call_guarded in *_sql.cpp, no
+# throw, no ereport under a lock, plain shared-memory structs.
+boundary-check:
+	@/usr/bin/python3 scripts/boundary_check.py
 # clang-tidy counts the warnings it found in system headers and suppressed
 # ("N warnings generated.", one line a file): those lines are dropped, the
 # findings and the exit status are kept.

@@ -5,7 +5,8 @@
 #   bash scripts/test.sh              all three
 #   bash scripts/test.sh --pg 17      one version only (repeat --pg for more)
 #
-# Lint (clang-format, clang-tidy, every version #if in src/pg/server/compat.hpp) and
+# Lint (clang-format, clang-tidy, every version #if in src/pg/server/compat.hpp, the
+# C++ / PostgreSQL boundary rules: make boundary-check) and
 # META.json are checked once, here. Then
 # for each version scripts/test-version.sh builds, installs and runs the
 # unit tests, the CMake build, pg_regress, pgTAP, the integration tests, the
@@ -40,9 +41,10 @@ source "$ROOT/test/results.sh"
 PG_THROTTLE_RESULTS=$results run_suite clang-format count make -s format-check
 PG_THROTTLE_RESULTS=$results run_suite clang-tidy count make -s tidy
 PG_THROTTLE_RESULTS=$results run_suite compat-layer count make -s compat-check
+PG_THROTTLE_RESULTS=$results run_suite boundary count make -s boundary-check
 PG_THROTTLE_RESULTS=$results run_suite meta prove prove test/check_meta.py
 PG_THROTTLE_RESULTS=$results run_suite dist prove prove --verbose test/dist_check.py
-version_independent_suites=5
+version_independent_suites=6
 
 # run_version V: every version-dependent suite for PostgreSQL V; the counts
 # it prints last are added to $results as "V/suite passed failed". They are

@@ -10,6 +10,7 @@
 #include "core/cpp_only.hpp"
 
 #include <cstdint>
+#include <type_traits>
 
 namespace pg_throttle::core {
 
@@ -17,6 +18,8 @@ struct OwnerCount {
     std::uint32_t owner;  // 0: a free slot
     std::int32_t count;
 };
+// The table lives in shared memory (registry/quota.cpp): plain data.
+static_assert(std::is_trivially_copyable_v<OwnerCount>);
 
 // Slots for a table that must hold `max_owners` owners at once: half as many
 // again (and a few), so that even full it is two-thirds used, probes stay

@@ -1,4 +1,4 @@
-// The C++ / PostgreSQL boundary (DESIGN.md, "boundary").
+// The C++ / PostgreSQL boundary (docs/design.md, "The boundary"; make boundary-check).
 //
 // Every SQL-callable function is an extern "C" wrapper around an
 // implementation run by call_guarded(): a C++ exception never crosses into
