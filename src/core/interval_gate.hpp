@@ -19,7 +19,7 @@ namespace pg_throttle::core {
 
 struct IntervalWindow {
     Micros granted_at;  // start of the window opened by the last grant
-    Micros closes_at;   // first instant at which a new grant is possible
+    Micros expires_at;  // first instant at which a new grant is possible
 };
 
 struct IntervalDecision {
@@ -28,10 +28,10 @@ struct IntervalDecision {
 };
 
 // Whether a window that is still open denies a caller at `now`. A clock that
-// stepped back before the grant keeps denying until closes_at: never an
+// stepped back before the grant keeps denying until expires_at: never an
 // extra grant.
 constexpr bool window_denies(const IntervalWindow& window, Micros now) noexcept {
-    return now < window.closes_at || window.closes_at == kNever;
+    return now < window.expires_at || window.expires_at == kNever;
 }
 
 // Decide a call at `now` asking for windows of `every` (> 0) microseconds.

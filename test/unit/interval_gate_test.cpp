@@ -17,7 +17,7 @@ TEST(IntervalGate, FirstCallerIsGranted) {
     const IntervalDecision d = decide_interval(nullptr, 1'000, kHour);
     EXPECT_TRUE(d.granted);
     EXPECT_EQ(d.window.granted_at, 1'000);
-    EXPECT_EQ(d.window.closes_at, 1'000 + kHour);
+    EXPECT_EQ(d.window.expires_at, 1'000 + kHour);
 }
 
 TEST(IntervalGate, DeniedUntilTheExactEndOfTheWindow) {
@@ -27,7 +27,7 @@ TEST(IntervalGate, DeniedUntilTheExactEndOfTheWindow) {
     const IntervalDecision at_end = decide_interval(&w, kHour, kHour);
     EXPECT_TRUE(at_end.granted);
     EXPECT_EQ(at_end.window.granted_at, kHour);
-    EXPECT_EQ(at_end.window.closes_at, 2 * kHour);
+    EXPECT_EQ(at_end.window.expires_at, 2 * kHour);
 }
 
 TEST(IntervalGate, DenialLeavesTheWindowUnchanged) {
@@ -35,7 +35,7 @@ TEST(IntervalGate, DenialLeavesTheWindowUnchanged) {
     const IntervalDecision d = decide_interval(&w, 15, kHour);
     EXPECT_FALSE(d.granted);
     EXPECT_EQ(d.window.granted_at, 10);
-    EXPECT_EQ(d.window.closes_at, 20);
+    EXPECT_EQ(d.window.expires_at, 20);
 }
 
 TEST(IntervalGate, TheGrantsIntervalDecidesNotTheCallers) {
@@ -54,7 +54,7 @@ TEST(IntervalGate, HugeIntervalsSaturate) {
     const Micros max = std::numeric_limits<Micros>::max();
     const IntervalDecision d = decide_interval(nullptr, kHour, max);
     EXPECT_TRUE(d.granted);
-    EXPECT_EQ(d.window.closes_at, max);
+    EXPECT_EQ(d.window.expires_at, max);
     EXPECT_FALSE(decide_interval(&d.window, max - 1, 1).granted);
 }
 
@@ -68,7 +68,7 @@ TEST(IntervalGate, AWindowPastTheLastMicrosecondNeverCloses) {
     const Micros max = std::numeric_limits<Micros>::max();
     const IntervalDecision d = decide_interval(nullptr, max - 1, 2);
     ASSERT_TRUE(d.granted);
-    EXPECT_EQ(d.window.closes_at, kNever);
+    EXPECT_EQ(d.window.expires_at, kNever);
     EXPECT_FALSE(decide_interval(&d.window, max, 1).granted);
     EXPECT_TRUE(window_denies(IntervalWindow{max, kNever}, max));
     // A window that ends exactly on the last microsecond, granted at
@@ -119,11 +119,11 @@ TEST(IntervalGate, NeverGrantsTwiceInsideAWindowNearTheEnds) {
                     << "now " << now << " every " << asked;
                 if (d.granted) {
                     EXPECT_EQ(d.window.granted_at, now);
-                    EXPECT_EQ(d.window.closes_at, clamp(Wide{now} + asked));
+                    EXPECT_EQ(d.window.expires_at, clamp(Wide{now} + asked));
                     exact_end = Wide{now} + asked;
                     stored = d.window;
                 } else {
-                    EXPECT_EQ(d.window.closes_at, stored->closes_at);
+                    EXPECT_EQ(d.window.expires_at, stored->expires_at);
                 }
                 const Wide steps[] = {0,
                                       1,

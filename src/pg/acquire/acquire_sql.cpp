@@ -28,8 +28,8 @@ struct AcquireCall {
 core::IntervalWindow window_of(const RegistryEntry& entry, const AcquireCall& call) {
     core::IntervalWindow window{entry.granted_at, entry.expires_at};
     if (entry.born) {
-        window.closes_at =
-            std::max(window.closes_at, core::saturating_add(entry.granted_at, call.every));
+        window.expires_at =
+            std::max(window.expires_at, core::saturating_add(entry.granted_at, call.every));
     }
     return window;
 }
@@ -61,12 +61,12 @@ void acquire_apply_exclusive(RegistryEntry* entry, void* ctx) {
     if (!decision.granted) {
         __atomic_fetch_add(&entry->denials, 1, __ATOMIC_RELAXED);
         // A born window grows to the longest interval asked.
-        entry->expires_at = current.closes_at;
+        entry->expires_at = current.expires_at;
         return;
     }
     entry->born = false;
     entry->granted_at = decision.window.granted_at;
-    entry->expires_at = decision.window.closes_at;
+    entry->expires_at = decision.window.expires_at;
     checkpoint_note_resource_grant();
     __atomic_fetch_add(&entry->grants, 1, __ATOMIC_RELAXED);
     entry->holder_pid = MyProcPid;
