@@ -3,7 +3,8 @@ EXTENSION  = pg_throttle
 EXTVERSION := $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" $(EXTENSION).control)
 
 CORE_SRCS = $(sort $(wildcard src/core/*.cpp))
-# The PostgreSQL boundary: src/pg and its subsystem folders (durability, ...).
+# The PostgreSQL boundary: src/pg and its layers (server, registry, durability, scale_out,
+# the primitives acquire, rate, locks and queue; docs/design.md).
 PG_SRCS   = $(sort $(wildcard src/pg/*.cpp src/pg/*/*.cpp))
 
 MODULE_big = pg_throttle

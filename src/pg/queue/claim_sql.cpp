@@ -40,6 +40,7 @@
 // takes the primary key, never a partial index on state, whose entries the
 // statistics of an idle moment may have counted as few.
 #include "pg/registry/standby.hpp"
+#include "pg/durability/fence.hpp"
 #include "pg/server/arguments.hpp"
 #include "pg/server/boundary.hpp"
 #include "pg/server/catalog.hpp"
@@ -47,7 +48,6 @@
 #include "pg/server/kept_plan.hpp"
 #include "pg/queue/blocking_claims.hpp"
 #include "pg/queue/claim_limit.hpp"
-#include "pg/queue/claim_token.hpp"
 #include "pg/queue/concurrency_keys.hpp"
 #include "pg/queue/durable_commit.hpp"
 #include "pg/queue/event_rows.hpp"
@@ -57,6 +57,21 @@
 
 namespace pg_throttle::pg {
 namespace {
+
+// A new claim token: a fence token (durability/fence.hpp), unique on the
+// server and greater than every token handed out before, also after a crash
+// or a promotion, so that a claim made after an earlier one expired never has
+// its token. (A group claim's token is its group lease's, from the same
+// counter.)
+int64 new_claim_token() {
+    for (;;) {
+        fence_reserve_ahead();
+        const int64 token = fence_next();
+        if (token != 0) {
+            return token;
+        }
+    }
+}
 
 // Which keyed rows a scan returns (PG_THROTTLE_KEYED_ROWS): none of the keys
 // in $full (a hashed list), or, when $open is not NULL (the claim takes no

@@ -22,7 +22,6 @@
 #include "pg/queue/claim_end.hpp"
 #include "pg/queue/claim_lock.hpp"
 #include "pg/queue/claim_not_held.hpp"
-#include "pg/queue/event_notify.hpp"
 #include "pg/queue/event_rows.hpp"
 #include "pg/registry/registry.hpp"
 

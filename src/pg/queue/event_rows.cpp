@@ -1,6 +1,7 @@
 #include "pg/queue/event_rows.hpp"
 
 extern "C" {
+#include "commands/async.h"
 #include "utils/array.h"
 #include "utils/lsyscache.h"
 }
@@ -77,6 +78,11 @@ void add_events(FunctionCallInfo fcinfo, const SPITupleTable* rows, uint64 count
         }
         tuplestore_putvalues(rsinfo->setResult, expected, values, nulls);
     }
+}
+
+void notify_event(const char* queue, int64 id) {
+    PreventCommandDuringRecovery("NOTIFY");
+    Async_Notify(queue, psprintf(INT64_FORMAT, id));
 }
 
 }  // namespace pg_throttle::pg

@@ -1,4 +1,5 @@
-// Rows of throttle.event in and out of the queue's native functions.
+// Rows of throttle.event in and out of the queue's native functions, and the
+// NOTIFY of an event.
 #pragma once
 
 #include "pg/server/pg_headers.hpp"
@@ -29,5 +30,10 @@ void return_events(FunctionCallInfo fcinfo, const SPITupleTable* rows, uint64 co
 // The same, in parts: the result started once (InitMaterializedSRF), then
 // rows added to it from one or more statements' results.
 void add_events(FunctionCallInfo fcinfo, const SPITupleTable* rows, uint64 count);
+
+// The queue's NOTIFY from C++: what pg_notify(queue, id::text) does, without
+// a statement. The channel `queue` hears the event's id when the transaction
+// commits (identical notifications of one transaction are sent once).
+void notify_event(const char* queue, int64 id);
 
 }  // namespace pg_throttle::pg

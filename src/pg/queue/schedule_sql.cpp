@@ -20,7 +20,7 @@
 #include "pg/server/clock.hpp"
 #include "pg/server/kept_plan.hpp"
 #include "pg/queue/caller.hpp"
-#include "pg/queue/event_notify.hpp"
+#include "pg/queue/event_rows.hpp"
 #include "pg/registry/registry.hpp"
 
 namespace pg_throttle::pg {
