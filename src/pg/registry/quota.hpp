@@ -75,4 +75,15 @@ int quota_server_percent(bool role);
 // A quota in percent, in entries (INT64_MAX at 100: no quota).
 int64 quota_limit_of(int percent);
 
+// The quota that applies to a role or a database, as its sessions get it
+// (quota_settings.cpp): pg_throttle.role_quota (`role_quota`) or
+// pg_throttle.database_quota, in percent, for a session of `role` in database
+// `db` (InvalidOid: no role of its own), by PostgreSQL's order: ALTER ROLE
+// role IN DATABASE db, ALTER ROLE role, ALTER DATABASE db, ALTER ROLE ALL,
+// then the server's configuration (the settings an ALTER ROLE or ALTER
+// DATABASE ... SET stored in pg_db_role_setting). A session's SET
+// (superusers only) is not seen. Reads the catalog: call it outside every
+// LWLock.
+int quota_percent_for(Oid db, Oid role, bool role_quota);
+
 }  // namespace pg_throttle::pg

@@ -1,5 +1,3 @@
-#include "pg/registry/quota_settings.hpp"
-
 #include "pg/registry/quota.hpp"
 
 extern "C" {

@@ -4,7 +4,6 @@
 // of pg_read_all_stats: others see the current database and the roles whose
 // privileges they have.
 #include "pg/registry/registry.hpp"
-#include "pg/registry/quota_settings.hpp"
 #include "pg/registry/quota.hpp"
 
 #include "pg/server/arguments.hpp"
