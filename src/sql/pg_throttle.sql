@@ -237,7 +237,7 @@ REVOKE SELECT ON throttle.registry_metrics FROM PUBLIC;
 GRANT SELECT ON throttle.registry_metrics TO pg_read_all_stats;
 
 --
--- Scale-out with Citus (README, "Scale-out with Citus").
+-- Scale-out with Citus (docs/operations.md, "Scale-out with Citus").
 --
 CREATE FUNCTION throttle.distribute(shard_count integer DEFAULT NULL)
 RETURNS integer

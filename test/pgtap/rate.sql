@@ -129,7 +129,7 @@ SELECT ok(throttle.allow('tap.peek', 2, '1 second', 2, 0), 'allow with cost 0 an
 SELECT ok(throttle.allow('tap.peek', 2, '1 second', 2, 1), 'the peeks took nothing: the last unit passes');
 SELECT ok(NOT throttle.allow('tap.peek', 2, '1 second', 2, 0), 'empty: allow with cost 0 is false');
 
--- The most a bucket lets through in any window (the README's rate + burst - 1):
+-- The most a bucket lets through in any window (docs/rate-limits.md: rate + burst - 1):
 -- calls every `step` for `span`; the busiest half-open window of length `win`
 -- starts at a request that passed.
 CREATE TEMP TABLE passed (k text, at timestamptz);

@@ -1,5 +1,5 @@
 // Where a key lives when throttle.distribute() has spread the database over
-// a Citus cluster (README, "Scale-out with Citus").
+// a Citus cluster (docs/operations.md, "Scale-out with Citus").
 //
 // Every key-taking function (acquire, take, allow, wait, lock, unlock, renew,
 // reset) is then a Citus distributed function, colocated with the anchor

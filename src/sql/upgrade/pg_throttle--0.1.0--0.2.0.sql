@@ -1020,7 +1020,7 @@ COMMENT ON VIEW throttle.queue_metrics IS
 GRANT SELECT ON throttle.queue_metrics TO PUBLIC;
 
 --
--- Scale-out with Citus (README, "Scale-out with Citus").
+-- Scale-out with Citus (docs/operations.md, "Scale-out with Citus").
 --
 CREATE FUNCTION throttle.distribute(shard_count integer DEFAULT NULL)
 RETURNS integer
