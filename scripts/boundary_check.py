@@ -5,7 +5,7 @@ FILE:LINE: RULE: what is wrong; the exit code is 1 when there is any.
 
 Rules:
   core-pure      src/core includes neither PostgreSQL headers nor src/pg headers.
-  layers         includes point down: server < registry < durability < scale_out
+  layers         project headers are named from src/ (never through ".."); includes point down: server < registry < durability < scale_out
                  < acquire, rate, locks < queue < src/pg/*.cpp; no primitive
                  (acquire, rate, locks) includes another.
   sql-entry      every SQL-callable function is declared by PG_THROTTLE_SQL_FUNCTION
@@ -13,10 +13,14 @@ Rules:
                  named *_sql.cpp; PG_FUNCTION_INFO_V1 and PG_FUNCTION_ARGS appear nowhere
                  else; every C symbol the install and upgrade scripts name is one.
   no-throw       no C++ `throw`; try / catch only in server/boundary.cpp.
-  lock-raise     no ereport / elog between LWLockAcquire and LWLockRelease, between
-                 SpinLockAcquire and SpinLockRelease, nor in the scope of a
-                 PartitionLock (registry.cpp) or between lock_all_partitions and
-                 unlock_all_partitions.
+  lock-raise     nothing that raises or sleeps (ereport, elog, CHECK_FOR_INTERRUPTS,
+                 palloc and its kin, SPI) between an LWLock acquire (plain, conditional,
+                 or-wait; arguments on one line or two) and its release at the same
+                 block depth (a release in an early-return branch ends the hold in that
+                 branch only), between SpinLockAcquire and SpinLockRelease, in the
+                 scope of a PartitionLock (registry.cpp) or between lock_all_partitions
+                 and unlock_all_partitions. Functions called under a lock are not
+                 followed: what they call is for review (docs/design.md).
   shmem-plain    every type placed in shared memory by ShmemInitStruct (the type its
                  result is cast to) or ShmemInitHash (its keysize and entrysize) has a
                  static_assert(std::is_trivially_copyable_v<T>).
@@ -78,6 +82,10 @@ def check_includes(path, raw):
         if not m:
             continue
         quoted, target = m.group(1) == '"', m.group(2)
+        if quoted and ".." in target.split("/"):
+            report(path, number, "layers", f"includes \"{target}\": project headers are named "
+                   "from src/ (\"pg/...\", \"core/...\"), never through \"..\"")
+            continue
         if mine[1] == "core":
             if quoted and not target.startswith("core/"):
                 report(path, number, "core-pure", f"src/core includes \"{target}\": the pure core "
@@ -106,10 +114,11 @@ def check_entries(path, code):
     is_sql = rel.endswith("_sql.cpp")
     entries = 0
     for number, line in enumerate(code.split("\n"), 1):
-        if not boundary and re.search(r"\bPG_FUNCTION_INFO_V1\b|\bPG_FUNCTION_ARGS\b", line):
+        if not boundary and re.search(r"\bPG_FUNCTION_INFO_V1\b|\bPG_FUNCTION_ARGS\b|\bpg_finfo_",
+                                      line):
             report(path, number, "sql-entry", "a SQL function declared by hand: use "
                    "PG_THROTTLE_SQL_FUNCTION (server/boundary.hpp), whose body runs call_guarded")
-        m = re.match(r"\s*PG_THROTTLE_SQL_FUNCTION\(", line)
+        m = re.search(r"\bPG_THROTTLE_SQL_FUNCTION\s*\(", line)
         if m and not boundary:
             entries += 1
             if not is_sql:
@@ -126,11 +135,14 @@ def check_symbols(declared):
                 continue
             path = os.path.join(dirpath, name)
             with open(path, encoding="utf-8") as f:
-                for number, line in enumerate(f, 1):
-                    for symbol in re.findall(r"'MODULE_PATHNAME'\s*,\s*'(\w+)'", line):
-                        if symbol not in declared:
-                            report(path, number, "sql-entry", f"C symbol {symbol} is not "
-                                   "declared by PG_THROTTLE_SQL_FUNCTION in any *_sql.cpp")
+                text = f.read()
+            # AS 'MODULE_PATHNAME', 'symbol' (or the library named), across lines.
+            pattern = r"'(?:MODULE_PATHNAME|\$libdir/pg_throttle(?:\.so)?|pg_throttle)'\s*,\s*'(\w+)'"
+            for m in re.finditer(pattern, text):
+                if m.group(1) not in declared:
+                    report(path, text.count("\n", 0, m.start()) + 1, "sql-entry",
+                           f"C symbol {m.group(1)} is not declared by PG_THROTTLE_SQL_FUNCTION "
+                           "in any *_sql.cpp")
 
 
 def check_throw(path, code):
@@ -143,29 +155,44 @@ def check_throw(path, code):
                    "(call_guarded is the one place exceptions are caught)")
 
 
-RAISE = re.compile(r"\b(ereport|elog)\s*\(")
+# What raises or may sleep: ereport / elog, an interrupt check, memory allocation
+# (palloc raises when out of memory), SPI.
+RAISE = re.compile(r"\b(ereport|elog|CHECK_FOR_INTERRUPTS|palloc\w*|repalloc\w*|pstrdup|psprintf|"
+                   r"SPI_\w+)\s*\(")
 
 
 def check_lock_raise(path, code):
     lines = code.split("\n")
     # Explicit pairs: from an acquire to the next release of the same lock.
-    pairs = [(r"\bLWLockAcquire\s*\(\s*([^,]+),", r"\bLWLockRelease\s*\(\s*{}\s*\)", "LWLock"),
+    pairs = [(r"\bLWLock(?:Conditional)?Acquire(?:OrWait)?\s*\(\s*([^,]+),",
+              r"\bLWLockRelease\s*\(\s*{}\s*\)", "LWLock"),
              (r"\bSpinLockAcquire\s*\(\s*([^)]+)\)", r"\bSpinLockRelease\s*\(\s*{}\s*\)", "spinlock"),
              (r"\block_all_partitions\s*\(()", r"\bunlock_all_partitions\s*\(", "partition locks")]
     for acquire, release, what in pairs:
         for i, line in enumerate(lines):
-            m = re.search(acquire, line)
-            if not m or re.match(r"\s*(void|inline)\b", line):
+            # An acquire whose arguments continue on the next line counts too.
+            m = re.search(acquire, line + " " + (lines[i + 1] if i + 1 < len(lines) else ""))
+            if not m or m.start() >= len(line) or re.match(r"\s*(void|inline)\b", line):
                 continue
             if "PartitionLock(" in line:
                 continue  # the class itself (see below)
             end_re = re.compile(release.format(re.escape(m.group(1).strip())))
+            # Held until a release at the acquire's own block depth, or the end of
+            # that block. A release in a nested branch (an early return) ends the
+            # hold on that branch only: the lines after the branch still hold it.
+            depth = line[m.start():].count("{") - line[m.start():].count("}")
             for j in range(i + 1, min(len(lines), i + 400)):
-                if end_re.search(lines[j]) or re.match(r"}\s*$", lines[j]):
+                end = end_re.search(lines[j])
+                if end and depth + lines[j][:end.start()].count("{") \
+                        - lines[j][:end.start()].count("}") == 0:
                     break
-                if RAISE.search(lines[j]):
-                    report(path, j + 1, "lock-raise", f"ereport/elog while holding a {what} "
-                           f"(taken at line {i + 1}): raise after releasing it")
+                if RAISE.search(lines[j]) and not end_re.search(lines[j]):
+                    report(path, j + 1, "lock-raise", f"{RAISE.search(lines[j]).group(1)} "
+                           f"(raises or sleeps) while holding a {what} (taken at line {i + 1}): "
+                           "copy what is needed, release, then raise")
+                depth += lines[j].count("{") - lines[j].count("}")
+                if depth < 0:
+                    break
     # Scoped locks: from the PartitionLock to the end of its block or its release().
     for i, line in enumerate(lines):
         m = re.search(r"\bPartitionLock\s+(\w+)\s*\(", line)
@@ -177,7 +204,8 @@ def check_lock_raise(path, code):
             if j > i and re.search(rf"\b{m.group(1)}\s*\.\s*release\s*\(", text):
                 break
             if j > i and RAISE.search(text):
-                report(path, j + 1, "lock-raise", "ereport/elog in the scope of PartitionLock "
+                report(path, j + 1, "lock-raise", f"{RAISE.search(text).group(1)} (raises or "
+                       "sleeps) in the scope of PartitionLock "
                        f"{m.group(1)} (line {i + 1}): raise after its scope")
             depth += text.count("{") - text.count("}")
             if depth < 0:
