@@ -523,6 +523,28 @@ $$;
 COMMENT ON FUNCTION throttle.schedule_many(text, text[], timestamptz[], jsonb[], text[], integer, integer, text, text[]) IS
     'Schedules a batch of events of one queue in one statement: item_keys[i] at run_at[i] with payloads[i], group_keys[i] and concurrency_keys[i] (the arrays have one element per item_key; payloads, group_keys and concurrency_keys may be NULL for none), as if throttle.schedule ran for each in turn (a pending event that replace or keep_earlier updates starts again at 0 attempts); returns their ids in the order of item_keys (an item_key named twice gets one event, and its id twice). NOTIFYs the queue''s channel with each event that is due.';
 
+-- A value a NOTICE names, as a SQL string literal that reads back as the
+-- value: as format's %L writes it, and as E'...' with \n, \r, \t or \uXXXX
+-- for each control character (U+0001-U+001F, U+007F-U+009F), so that a
+-- value can neither end the literal early nor send a raw control byte.
+CREATE FUNCTION throttle._literal(value text)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+SELECT CASE
+    WHEN value IS NULL OR value !~ E'[\\x01-\\x1f\\x7f-\\x9f]' THEN quote_nullable(value)
+    ELSE 'E''' || (SELECT string_agg(CASE ascii(c)
+                                         WHEN 9 THEN E'\\t' WHEN 10 THEN E'\\n' WHEN 13 THEN E'\\r'
+                                         WHEN 39 THEN '''''' WHEN 92 THEN E'\\\\'
+                                         ELSE CASE WHEN c ~ E'[\\x01-\\x1f\\x7f-\\x9f]'
+                                                   THEN E'\\u' || lpad(to_hex(ascii(c)), 4, '0')
+                                                   ELSE c END
+                                     END, '' ORDER BY n)
+                   FROM unnest(string_to_array(value, NULL)) WITH ORDINALITY AS t(c, n)) || ''''
+END
+$$;
+COMMENT ON FUNCTION throttle._literal(text) IS
+    E'Internal: the value as a SQL string literal that reads back as it, for a message: as format\'s %L writes it, and as E\'...\' with \\n, \\r, \\t or \\uXXXX for each control character (U+0001-U+001F, U+007F-U+009F).';
+
 -- Why cancel or reschedule found no pending event of an item_key, in a
 -- NOTICE (they still return false): what throttle.all_events shows of the
 -- key, to a caller who may read that view, and nothing more to another.
@@ -531,7 +553,8 @@ RETURNS void
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    head text := format('%s found no pending event "%s" in queue "%s"', caller, item_key, queue);
+    head text := format('%s found no pending event %s in queue %s', caller,
+                        throttle._literal(item_key), throttle._literal(queue));
     e record;
 BEGIN
     IF NOT has_table_privilege(throttle._caller_role(), 'throttle.all_events', 'SELECT') THEN
@@ -546,13 +569,13 @@ BEGIN
     LIMIT 1;
     IF FOUND AND e.lease_until > throttle.now() THEN
         RAISE NOTICE '%: event % is claimed by % until %, and still runs', head, e.id,
-                     e.claimed_by, e.lease_until
+                     throttle._literal(e.claimed_by), e.lease_until
               USING HINT = 'cancel and reschedule change pending events only. A claim ends with '
                            'throttle.complete or throttle.fail, or when its lease ends.';
         RETURN;
     ELSIF FOUND THEN
         RAISE NOTICE '%: event % was claimed by % until %, and the next claim takes it over',
-                     head, e.id, e.claimed_by, e.lease_until
+                     head, e.id, throttle._literal(e.claimed_by), e.lease_until
               USING HINT = 'cancel and reschedule change pending events only.';
         RETURN;
     END IF;
@@ -583,7 +606,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION throttle._notice_not_pending(text, text, text) IS
-    'Internal: raises the NOTICE of cancel and reschedule (caller) when the queue has no pending event item_key: its newest event is claimed (and still runs), dead, done or cancelled, or there is none; only that there is none pending to a caller who may not read throttle.all_events.';
+    'Internal: raises the NOTICE of cancel and reschedule (caller) when the queue has no pending event item_key (item_key, queue and the worker as SQL literals, by throttle._literal): its newest event is claimed (and still runs), dead, done or cancelled, or there is none; only that there is none pending to a caller who may not read throttle.all_events.';
 REVOKE EXECUTE ON FUNCTION throttle._notice_not_pending(text, text, text) FROM PUBLIC;
 
 CREATE FUNCTION throttle.cancel(queue text, item_key text)

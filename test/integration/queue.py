@@ -55,7 +55,7 @@ def worker(name, claims, errors, stop_at):
 
 
 def main():
-    tap = Tap(18)
+    tap = Tap(19)
     conn = connect()
     cur = conn.cursor()
     cur.execute("DELETE FROM throttle.event WHERE queue = %s", (QUEUE,))
@@ -217,15 +217,31 @@ def answers(tap):
     held = cur.fetchone()[0]
     cur.execute("SELECT claim_token FROM throttle.claim('ans', 'w3', '1 hour')")
     tap.is_(notices(db, "SELECT throttle.cancel('ans', 'held')"),
-            (False, ['NOTICE:  throttle.cancel found no pending event "held" in queue "ans": event '
-                     f'{held} is claimed by w3 until 2031-01-01 13:01:00+00, and still runs\nHINT:  cancel '
+            (False, ["NOTICE:  throttle.cancel found no pending event 'held' in queue 'ans': event "
+                     f"{held} is claimed by 'w3' until 2031-01-01 13:01:00+00, and still runs\nHINT:  cancel "
                      'and reschedule change pending events only. A claim ends with throttle.complete '
                      'or throttle.fail, or when its lease ends.\n']),
             "cancel of a claimed event: false, and a NOTICE says who holds it and that it still runs")
     tap.is_(notices(db, "SELECT throttle.reschedule('ans', 'nobody', throttle.now())"),
-            (False, ['NOTICE:  throttle.reschedule found no pending event "nobody" in queue "ans": '
+            (False, ["NOTICE:  throttle.reschedule found no pending event 'nobody' in queue 'ans': "
                      'the queue has no event with that item_key\n']),
             "reschedule of an unknown key: false, and a NOTICE says there is none")
+    # Values chosen by callers (the item_key by whoever scheduled it, the worker
+    # by whoever claimed it) appear as SQL literals, control characters
+    # escaped: they can neither forge the rest of the message nor send a raw
+    # newline or terminal escape.
+    cur.execute("SELECT throttle.schedule('ans', %s, throttle.now())", ("h'\"\n\x1b[31m",))
+    hostile = cur.fetchone()[0]
+    cur.execute("SELECT claim_token FROM throttle.claim('ans', %s, '1 hour')",
+                ("w' until 2031-01-01, and still runs\x1b[0m",))
+    tap.is_(notices(db, "SELECT throttle.cancel('ans', %s)", ("h'\"\n\x1b[31m",)),
+            (False, ["NOTICE:  throttle.cancel found no pending event E'h''\"\\n\\u001b[31m' in "
+                     f"queue 'ans': event {hostile} is claimed by E'w'' until 2031-01-01, and "
+                     "still runs\\u001b[0m' until 2031-01-01 13:01:00+00, and still runs\nHINT:  "
+                     "cancel and reschedule change pending events only. A claim ends with "
+                     "throttle.complete or throttle.fail, or when its lease ends.\n"]),
+            "cancel: an item_key and a worker with a quote, a newline and an escape byte appear "
+            "as SQL literals, escaped, and the NOTICE keeps its shape")
     # A role that may cancel but not read throttle.all_events learns no more
     # than the false it gets.
     acur = admin.cursor()
@@ -235,7 +251,7 @@ def answers(tap):
     cur.execute("REVOKE SELECT ON throttle.all_events FROM PUBLIC")
     cur.execute(f"SET ROLE {ROLE}")
     tap.is_(notices(db, "SELECT throttle.cancel('ans', 'held')"),
-            (False, ['NOTICE:  throttle.cancel found no pending event "held" in queue "ans"\n'
+            (False, ["NOTICE:  throttle.cancel found no pending event 'held' in queue 'ans'\n"
                      'HINT:  throttle.all_events shows why to a role that may read it.\n']),
             "to a role that may not read throttle.all_events, only that no event is pending")
     cur.execute("RESET ROLE")

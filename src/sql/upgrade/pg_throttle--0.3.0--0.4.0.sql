@@ -378,6 +378,28 @@ SET state = 'dead', completed_at = throttle.now(), completed_by = claimed_by,
     last_error = coalesce(last_error, 'lease expired ' || attempts || ' times')
 WHERE state = 'pending' AND attempts >= max_attempts;
 
+-- A value a NOTICE names, as a SQL string literal that reads back as the
+-- value: as format's %L writes it, and as E'...' with \n, \r, \t or \uXXXX
+-- for each control character (U+0001-U+001F, U+007F-U+009F), so that a
+-- value can neither end the literal early nor send a raw control byte.
+CREATE FUNCTION throttle._literal(value text)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+SELECT CASE
+    WHEN value IS NULL OR value !~ E'[\\x01-\\x1f\\x7f-\\x9f]' THEN quote_nullable(value)
+    ELSE 'E''' || (SELECT string_agg(CASE ascii(c)
+                                         WHEN 9 THEN E'\\t' WHEN 10 THEN E'\\n' WHEN 13 THEN E'\\r'
+                                         WHEN 39 THEN '''''' WHEN 92 THEN E'\\\\'
+                                         ELSE CASE WHEN c ~ E'[\\x01-\\x1f\\x7f-\\x9f]'
+                                                   THEN E'\\u' || lpad(to_hex(ascii(c)), 4, '0')
+                                                   ELSE c END
+                                     END, '' ORDER BY n)
+                   FROM unnest(string_to_array(value, NULL)) WITH ORDINALITY AS t(c, n)) || ''''
+END
+$$;
+COMMENT ON FUNCTION throttle._literal(text) IS
+    E'Internal: the value as a SQL string literal that reads back as it, for a message: as format\'s %L writes it, and as E\'...\' with \\n, \\r, \\t or \\uXXXX for each control character (U+0001-U+001F, U+007F-U+009F).';
+
 -- A call that changes fewer events than asked says why, without changing
 -- what it returns. complete, fail and extend raise a NOTICE, natively, when
 -- the claim token does not hold some of the events given (their comments);
@@ -389,7 +411,8 @@ RETURNS void
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    head text := format('%s found no pending event "%s" in queue "%s"', caller, item_key, queue);
+    head text := format('%s found no pending event %s in queue %s', caller,
+                        throttle._literal(item_key), throttle._literal(queue));
     e record;
 BEGIN
     IF NOT has_table_privilege(throttle._caller_role(), 'throttle.all_events', 'SELECT') THEN
@@ -404,13 +427,13 @@ BEGIN
     LIMIT 1;
     IF FOUND AND e.lease_until > throttle.now() THEN
         RAISE NOTICE '%: event % is claimed by % until %, and still runs', head, e.id,
-                     e.claimed_by, e.lease_until
+                     throttle._literal(e.claimed_by), e.lease_until
               USING HINT = 'cancel and reschedule change pending events only. A claim ends with '
                            'throttle.complete or throttle.fail, or when its lease ends.';
         RETURN;
     ELSIF FOUND THEN
         RAISE NOTICE '%: event % was claimed by % until %, and the next claim takes it over',
-                     head, e.id, e.claimed_by, e.lease_until
+                     head, e.id, throttle._literal(e.claimed_by), e.lease_until
               USING HINT = 'cancel and reschedule change pending events only.';
         RETURN;
     END IF;
@@ -441,7 +464,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION throttle._notice_not_pending(text, text, text) IS
-    'Internal: raises the NOTICE of cancel and reschedule (caller) when the queue has no pending event item_key: its newest event is claimed (and still runs), dead, done or cancelled, or there is none; only that there is none pending to a caller who may not read throttle.all_events.';
+    'Internal: raises the NOTICE of cancel and reschedule (caller) when the queue has no pending event item_key (item_key, queue and the worker as SQL literals, by throttle._literal): its newest event is claimed (and still runs), dead, done or cancelled, or there is none; only that there is none pending to a caller who may not read throttle.all_events.';
 REVOKE EXECUTE ON FUNCTION throttle._notice_not_pending(text, text, text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION throttle.cancel(queue text, item_key text)
