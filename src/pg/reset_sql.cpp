@@ -91,6 +91,10 @@ void refuse_group(const char* name) {
 
 Datum reset(FunctionCallInfo fcinfo) {
     registry_require();
+    // Before the checkpoint's file lock: noticing a promotion takes every
+    // partition lock and logs, and no other lock may be held then
+    // (docs/design.md). registry_clear leaves it to its caller.
+    registry_notice_promotion();
     require_not_null(fcinfo, 0, "name");
     const text* name = PG_GETARG_TEXT_PP(0);
     const char* only = PG_ARGISNULL(1) ? nullptr : text_to_cstring(PG_GETARG_TEXT_PP(1));
@@ -159,7 +163,10 @@ Datum reset(FunctionCallInfo fcinfo) {
     }
     // A checkpoint that still showed a removed resource would bring it back
     // after a crash, while a grant made after the reset was lost. Nothing
-    // between begin and end raises.
+    // between begin and end raises, nor notices a promotion (registry_clear
+    // leaves that to this function's start): one that ends meanwhile is
+    // noticed by the next call, which forgets the standby's resources and
+    // buckets, these among them, as if the reset had run just before it.
     checkpoint_begin_forget();
     for (size_t i = 0; i < key_count; i++) {
         if (static_cast<EntryKind>(keys[i].kind) == EntryKind::kLock) {
