@@ -30,6 +30,25 @@ SELECT count(*) AS claimed FROM throttle.claim_group('rst.q', 'rst-worker');
 SELECT throttle.reset(name, kind) FROM throttle.status WHERE kind = 'group';
 SELECT throttle.reset('5/2:rst.q:cust:1', 'group');
 SELECT throttle.reset('5:rst.q#00ff', 'group');
+-- Only a name a lease can have names the call: "<bytes of queue>[/<slot>]:"
+-- as group_lease.cpp writes it (digits, no leading zero, a queue of 1 to 63
+-- bytes, a slot of 1 to 63), else the generic hint.
+SELECT throttle.reset(' 2:q1:g', 'group');
+SELECT throttle.reset('+2:q1:g', 'group');
+SELECT throttle.reset('02:q1:g', 'group');
+SELECT throttle.reset('2/-5:q1:g', 'group');
+SELECT throttle.reset('2/99999999999999999999999:q1:g', 'group');
+SELECT throttle.reset('2/0:q1:g', 'group');
+SELECT throttle.reset('2/64:q1:g', 'group');
+SELECT throttle.reset('0::g', 'group');
+SELECT throttle.reset('64:' || repeat('q', 64) || ':g', 'group');
+SELECT throttle.reset('2/63:q1:g', 'group');
+SELECT throttle.reset('63:' || repeat('q', 63) || ':g', 'group');
+-- A group_key may be empty (throttle.schedule takes ''): its lease is "3:abc:".
+SELECT throttle.reset('3:abc:', 'group');
+-- The name is checked first, as for the other kinds.
+SELECT throttle.reset('', 'group');
+SELECT throttle.reset(repeat('n', 201), 'group');
 SELECT count(*) AS still_held FROM throttle.status WHERE kind = 'group';
 SELECT throttle.release_group('rst.q', 'cust:1') AS released;
 SELECT throttle.reset(NULL);

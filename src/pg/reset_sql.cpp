@@ -4,6 +4,7 @@
 #include "pg/server/arguments.hpp"
 #include "pg/durability/checkpoint.hpp"
 #include "pg/locks/locks.hpp"
+#include "pg/queue/group_lease.hpp"
 #include "pg/registry/registry.hpp"
 #include "pg/scale_out/placement.hpp"
 
@@ -15,28 +16,54 @@ namespace {
 constexpr EntryKind kKinds[] = {EntryKind::kResource, EntryKind::kBucket, EntryKind::kLock,
                                 EntryKind::kQueueBucket, EntryKind::kQueueGroupBucket};
 
-// The queue and group_key of a group lease's name as throttle.status shows
-// it, "<bytes of queue>[/<slot>]:<queue>:<group_key>" (group_lease.cpp);
-// false for a name that carries a digest of its group_key, or none. Both
-// palloc'd.
-bool group_of_lease_name(const char* name, char** queue, char** group) {
-    char* end = nullptr;
-    const unsigned long queue_len = std::strtoul(name, &end, 10);
-    if (end == name) {
+// Reads at `*pos` a number as group_lease.cpp writes it ("%zu", "%d"):
+// digits only, no leading zero, 1 to `max` (at most 63: no overflow).
+bool read_count(const char** pos, int max, int* value) {
+    const char* digit = *pos;
+    if (*digit < '1' || *digit > '9') {
         return false;
     }
-    if (*end == '/') {
-        const char* slot = end + 1;
-        std::strtoul(slot, &end, 10);
-        if (end == slot) {
+    int read = 0;
+    for (; *digit >= '0' && *digit <= '9'; digit++) {
+        read = read * 10 + (*digit - '0');
+        if (read > max) {
             return false;
         }
     }
-    if (*end != ':' || std::strlen(end + 1) <= queue_len || end[1 + queue_len] != ':') {
+    *value = read;
+    *pos = digit;
+    return true;
+}
+
+// The queue and group_key of a group lease's name as throttle.status shows
+// it, "<bytes of queue>[/<slot>]:<queue>:<group_key>" (group_lease.cpp),
+// read exactly as it is built: a queue of 1 to kMaxQueueBytes bytes, a slot
+// of 1 to kMaxGroupWorkers - 1 (slot 0 has none), a name of at most
+// kMaxNameBytes. The group_key may be empty, as throttle.schedule takes it.
+// False for any other name, among them those that carry a digest of their
+// group_key. Both palloc'd.
+bool group_of_lease_name(const char* name, char** queue, char** group) {
+    if (std::strlen(name) > core::kMaxNameBytes) {
         return false;
     }
-    *queue = pnstrdup(end + 1, queue_len);
-    *group = pstrdup(end + 2 + queue_len);
+    const char* pos = name;
+    int queue_len = 0;
+    int slot = 0;
+    if (!read_count(&pos, static_cast<int>(kMaxQueueBytes), &queue_len)) {
+        return false;
+    }
+    if (*pos == '/') {
+        pos++;
+        if (!read_count(&pos, kMaxGroupWorkers - 1, &slot)) {
+            return false;
+        }
+    }
+    if (*pos != ':' || std::strlen(pos + 1) <= static_cast<size_t>(queue_len) ||
+        pos[1 + queue_len] != ':') {
+        return false;
+    }
+    *queue = pnstrdup(pos + 1, queue_len);
+    *group = pstrdup(pos + 2 + queue_len);
     return true;
 }
 
@@ -64,10 +91,17 @@ void refuse_group(const char* name) {
 
 Datum reset(FunctionCallInfo fcinfo) {
     registry_require();
+    // Before the checkpoint's file lock: noticing a promotion takes every
+    // partition lock and logs, and no other lock may be held then
+    // (docs/design.md). registry_clear leaves it to its caller.
+    registry_notice_promotion();
     require_not_null(fcinfo, 0, "name");
     const text* name = PG_GETARG_TEXT_PP(0);
     const char* only = PG_ARGISNULL(1) ? nullptr : text_to_cstring(PG_GETARG_TEXT_PP(1));
     if (only != nullptr && strcmp(only, entry_kind_name(EntryKind::kQueueGroup)) == 0) {
+        RegistryKey key;  // the name is checked first, as for every kind
+        registry_make_key(EntryKind::kQueueGroup, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name),
+                          entry_kind_name(EntryKind::kQueueGroup), &key);
         refuse_group(text_to_cstring(name));
     }
     // A resource or bucket may have an entry on each clock (EntryClock): an
@@ -129,7 +163,10 @@ Datum reset(FunctionCallInfo fcinfo) {
     }
     // A checkpoint that still showed a removed resource would bring it back
     // after a crash, while a grant made after the reset was lost. Nothing
-    // between begin and end raises.
+    // between begin and end raises, nor notices a promotion (registry_clear
+    // leaves that to this function's start): one that ends meanwhile is
+    // noticed by the next call, which forgets the standby's resources and
+    // buckets, these among them, as if the reset had run just before it.
     checkpoint_begin_forget();
     for (size_t i = 0; i < key_count; i++) {
         if (static_cast<EntryKind>(keys[i].kind) == EntryKind::kLock) {

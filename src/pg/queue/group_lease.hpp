@@ -12,6 +12,9 @@ namespace pg_throttle::pg {
 
 // The most workers throttle.group_policy lets hold one group.
 inline constexpr int kMaxGroupWorkers = 64;
+// The most bytes of a queue's name, which is also its NOTIFY channel
+// (NAMEDATALEN - 1).
+inline constexpr size_t kMaxQueueBytes = 63;
 
 // The registry key of lease `slot` (0 to kMaxGroupWorkers - 1) of group
 // `group_key` of `queue`.

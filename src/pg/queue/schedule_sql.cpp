@@ -21,6 +21,7 @@
 #include "pg/server/kept_plan.hpp"
 #include "pg/queue/caller.hpp"
 #include "pg/queue/event_rows.hpp"
+#include "pg/queue/group_lease.hpp"
 #include "pg/registry/registry.hpp"
 
 namespace pg_throttle::pg {
@@ -28,8 +29,6 @@ namespace {
 
 // Keys are indexed: an index entry holds at most about 2 700 bytes.
 constexpr size_t kMaxKeyBytes = 1024;
-// The queue's name is also its NOTIFY channel (NAMEDATALEN - 1).
-constexpr size_t kMaxQueueBytes = 63;
 
 KeptPlan schedule_event{
     "INSERT INTO throttle.event AS e (queue, item_key, group_key, payload, run_at, max_attempts,"

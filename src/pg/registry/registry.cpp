@@ -821,7 +821,8 @@ ClearResult clear_once(const RegistryKey& key, bool create_if_absent, QuotaCheck
 }  // namespace
 
 ClearResult registry_clear(const RegistryKey& key, bool create_if_absent, QuotaCheck* refused) {
-    registry_notice_promotion();
+    // Its caller noticed the promotion (registry.hpp): not here, where the
+    // checkpoint's file lock may be held.
     ClearResult result = clear_once(key, create_if_absent, refused);
     if (result == ClearResult::kNoRoom) {
         // As registry_apply: expired entries make room, then once more.

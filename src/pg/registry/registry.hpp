@@ -244,7 +244,9 @@ bool registry_remove(const RegistryKey& key);
 // role and database like any new entry: kNoRoom, with the refusal in
 // `refused`, when there is none after a sweep for room). A lock's existing entry is never touched
 // here (lock_reset ends its grant). Raises nothing. A sweep for room leaves a free entry alone for
-// 10 minutes after the reset, then may reclaim it as any entry that constrains nobody.
+// 10 minutes after the reset, then may reclaim it as any entry that constrains nobody. Unlike the
+// other entry points it does not notice a promotion (which takes every partition lock and logs):
+// its caller does that first, with no lock held, and may then hold the checkpoint's file lock.
 enum class ClearResult { kAbsent, kCleared, kMadeFree, kNoRoom };
 ClearResult registry_clear(const RegistryKey& key, bool create_if_absent, QuotaCheck* refused);
 
@@ -270,7 +272,8 @@ void registry_scan_every(void (*visit)(const RegistryEntry& entry, void* ctx), v
 
 // A standby knows nothing of the resources and buckets the primary granted
 // (its leases it knows, from WAL). Started as one, the registry waits for the
-// promotion; the first call after it (every entry point checks, cheaply)
+// promotion; the first call after it (every entry point checks, cheaply;
+// throttle.reset for registry_clear)
 // forgets its own resources and buckets and counts those kinds as unknown
 // since then, and the locks too when the standby's lease journal was not
 // read whole.
