@@ -93,6 +93,6 @@ for v in "${versions[@]}"; do
     check_count "PostgreSQL $v" "$(grep "^$v/" "$results")" "$suites_per_version"
 done
 skipped=$(awk '$4 == "SKIP"' "$results" | wc -l)
-echo "PostgreSQL ${versions[*]}: $SECONDS s in all; $skipped suites skipped (reasons above)"
+echo "PostgreSQL ${versions[*]}: $SECONDS s in all; suites skipped: $skipped (reasons above)"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
