@@ -44,7 +44,8 @@ PG_THROTTLE_RESULTS=$results run_suite compat-layer count make -s compat-check
 PG_THROTTLE_RESULTS=$results run_suite boundary count make -s boundary-check
 PG_THROTTLE_RESULTS=$results run_suite meta prove prove test/check_meta.py
 PG_THROTTLE_RESULTS=$results run_suite dist prove prove --verbose test/dist_check.py
-version_independent_suites=6
+PG_THROTTLE_RESULTS=$results run_suite results prove prove --verbose test/results_check.py
+version_independent_suites=7
 
 # run_version V: every version-dependent suite for PostgreSQL V; the counts
 # it prints last are added to $results as "V/suite passed failed". They are
@@ -67,10 +68,7 @@ done
 suites_per_version=41
 echo
 echo "Suites:"
-# A suite that skipped itself shows why ("NAME 0 0 SKIP REASON").
-awk '$4 == "SKIP" {reason = $0; sub(/^[^ ]* [0-9]* [0-9]* SKIP /, "", reason)
-                   printf "  %-30s skipped: %s\n", $1, reason; next}
-     {printf "  %-30s %4d passed, %d failed\n", $1, $2, $3}' "$results"
+summarize_results "$results"
 passed=$(awk '{s += $2} END {print s + 0}' "$results")
 failed=$(awk '{s += $3} END {print s + 0}' "$results")
 # Every version must report each of its suites once, and nothing else: a

@@ -59,3 +59,11 @@ run_suite() {
     echo "---- $name: $passed passed, $failed failed"
     [ "$failed" -eq 0 ]
 }
+
+# summarize_results FILE: a line per suite recorded in FILE; a suite that
+# skipped itself shows why ("NAME 0 0 SKIP REASON").
+summarize_results() {
+    awk '$4 == "SKIP" {reason = $0; sub(/^[^ ]* [0-9]* [0-9]* SKIP /, "", reason)
+                       printf "  %-30s skipped: %s\n", $1, reason; next}
+         {printf "  %-30s %4d passed, %d failed\n", $1, $2, $3}' "$1"
+}
