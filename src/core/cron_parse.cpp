@@ -293,6 +293,11 @@ CronParse parse_fields(std::string_view text) noexcept {
         }
         fields[count++] = Field{start, text.substr(start, pos - start)};
     }
+    if (count == 2 && (equals_ignoring_case(fields[1].text, "seconds") ||
+                       equals_ignoring_case(fields[1].text, "second"))) {
+        return refuse("expression", fields[0].start,
+                      "interval schedules ('N seconds') are not supported");
+    }
     if (count < 5) {
         return refuse("expression", text.size(), "five fields expected (six with seconds)");
     }
@@ -306,6 +311,9 @@ CronParse parse_fields(std::string_view text) noexcept {
         if (k == 3 && field.text == "$") {
             spec.last_day = true;
             continue;
+        }
+        if (const std::size_t dollar = field.text.find('$'); k == 3 && dollar != field.text.npos) {
+            return refuse(kDay.name, field.start + dollar, "'$' stands alone in its field");
         }
         FieldParser parser(*kinds[k], field.text, field.start);
         if (!parser.parse(&bits[k])) {

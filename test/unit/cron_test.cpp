@@ -220,6 +220,8 @@ TEST(CronParse, Errors) {
     EXPECT_CRON_ERROR("0 0 * * mon/2", "day of week", 11);
     EXPECT_CRON_ERROR("0 0 * 1x *", "month", 7);
     EXPECT_CRON_ERROR("0 0 $,1 * *", "day of month", 4);
+    EXPECT_CRON_ERROR("0 0 1,$ * *", "day of month", 6);
+    EXPECT_STREQ(error_of("0 0 1,$ * *").message, "'$' stands alone in its field");
     EXPECT_CRON_ERROR("0 $ * * *", "hour", 2);
     EXPECT_CRON_ERROR("0 0 * * $", "day of week", 8);
     EXPECT_CRON_ERROR("0 0 99999999999 * *", "day of month", 4);
@@ -228,7 +230,9 @@ TEST(CronParse, Errors) {
     EXPECT_CRON_ERROR("@daily 0", "expression", 7);
     EXPECT_CRON_ERROR("0 0 * * *\n", "expression", 9);
     EXPECT_CRON_ERROR("0 0\x7f * * *", "expression", 3);
-    EXPECT_CRON_ERROR("30 seconds", "expression", 10);  // pg_cron's interval jobs
+    EXPECT_CRON_ERROR("30 seconds", "expression", 0);  // pg_cron's interval jobs
+    EXPECT_STREQ(error_of(" 5 Second").message,
+                 "interval schedules ('N seconds') are not supported");
     EXPECT_CRON_ERROR("0 0 * * * é", "day of week", 10);
     const std::string long_text = "0 0 * * *" + std::string(247, ' ');
     EXPECT_TRUE(parse_cron(long_text).ok);  // 257 bytes would be one too many
