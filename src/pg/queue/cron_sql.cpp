@@ -19,7 +19,7 @@ TimestampTz finite_after(FunctionCallInfo fcinfo, int n) {
     require_not_null(fcinfo, n, "after");
     const TimestampTz after = PG_GETARG_TIMESTAMPTZ(n);
     if (TIMESTAMP_NOT_FINITE(after)) {
-        ereport(ERROR, (errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+        ereport(ERROR, (errcode(ERRCODE_DATETIME_FIELD_OVERFLOW),
                         errmsg("after must be a finite timestamp")));
     }
     return after;
