@@ -51,8 +51,9 @@ std::optional<std::int64_t> next_match(const CronSpec& spec, std::int64_t from,
                     const int second = next_bit(
                         spec.seconds, same_minute ? static_cast<int>(second_of_day % 60) : 0);
                     if (second >= 0) {
-                        const std::int64_t found =
-                            days * kSecondsPerDay + hour * 3600 + minute * 60 + second;
+                        const std::int64_t found = days * kSecondsPerDay +
+                                                   std::int64_t{hour} * 3600 +
+                                                   std::int64_t{minute} * 60 + second;
                         if (found >= until) {
                             return std::nullopt;
                         }

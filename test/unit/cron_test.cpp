@@ -73,7 +73,8 @@ CronSpec spec_of(const char* text) {
 
 // UTC civil time as PostgreSQL microseconds.
 Micros utc(std::int64_t y, int mo, int d, int h = 0, int mi = 0, int s = 0) {
-    const std::int64_t unix_s = days_from_civil(y, mo, d) * kSecondsPerDay + h * 3600 + mi * 60 + s;
+    const std::int64_t unix_s = days_from_civil(y, mo, d) * kSecondsPerDay +
+                                std::int64_t{h} * 3600 + std::int64_t{mi} * 60 + s;
     return (unix_s - kUnixToPostgresSeconds) * kUsPerSecond;
 }
 
@@ -545,7 +546,8 @@ TEST(CronProperty, SixFieldsSecondBySecondAroundShifts) {
                 const std::string text = random_field(rng, 0, 59) + " " + random_field(rng, 0, 59) +
                                          " " + random_field(rng, 0, 23) + " * * *";
                 SCOPED_TRACE(std::string(z.name) + ": " + text);
-                check_against_walk(text, *z.zone, around - 6 * 3600, around + 6 * 3600, 1);
+                check_against_walk(text, *z.zone, around - std::int64_t{6} * 3600,
+                                   around + std::int64_t{6} * 3600, 1);
             }
         }
     }
