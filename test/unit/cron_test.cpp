@@ -494,6 +494,54 @@ void check_against_walk(const std::string& text, const FakeZone& zone, UnixSecon
     ASSERT_EQ(searched, walked) << text;
 }
 
+// Every expression the parser accepts fires, within the search's bound, in
+// any zone and from any instant; no text makes the parser misbehave.
+TEST(CronProperty, EveryAcceptedExpressionFires) {
+    std::mt19937 rng(256);
+    auto pick = [&](int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng); };
+    int accepted = 0;
+    for (int i = 0; i < 20'000; ++i) {
+        std::string day = pick(0, 9) == 0 ? "$" : random_field(rng, 1, 31);
+        std::string text = random_field(rng, 0, 59) + " " + random_field(rng, 0, 23) + " " + day +
+                           " " + random_field(rng, 1, 12) + " " + random_field(rng, 0, 7);
+        if (pick(0, 3) == 0) {
+            text = random_field(rng, 0, 59) + " " + text;
+        }
+        const CronParse parsed = parse_cron(text);
+        if (!parsed.ok) {
+            continue;
+        }
+        ++accepted;
+        const Micros after = utc(pick(1900, 2400), pick(1, 12), pick(1, 28), pick(0, 23));
+        const FakeZone& zone = i % 2 == 0 ? kUtc : kNewYork;
+        const auto next = next_firing(parsed.spec, after, zone);
+        ASSERT_TRUE(next.has_value()) << text << " after " << show(after);
+        ASSERT_GT(*next, after) << text;
+    }
+    EXPECT_GT(accepted, 10'000);
+}
+
+TEST(CronParse, ArbitraryBytes) {
+    std::mt19937 rng(7);
+    const std::string alphabet = "0123456789*/-,$@ \tjanFEBmonSUNxyz\x01\x7f\xc3\xa9";
+    for (int i = 0; i < 50'000; ++i) {
+        std::string text;
+        const int length = std::uniform_int_distribution<int>(0, 40)(rng);
+        for (int j = 0; j < length; ++j) {
+            text +=
+                alphabet[std::uniform_int_distribution<std::size_t>(0, alphabet.size() - 1)(rng)];
+        }
+        const CronParse parsed = parse_cron(text);
+        if (parsed.ok) {
+            EXPECT_TRUE(next_firing(parsed.spec, 0, kBerlin).has_value()) << text;
+        } else {
+            EXPECT_LE(parsed.error.offset, text.size()) << text;
+            EXPECT_NE(parsed.error.field, nullptr);
+            EXPECT_NE(parsed.error.message, nullptr);
+        }
+    }
+}
+
 struct NamedZone {
     const char* name;
     const FakeZone* zone;
