@@ -505,7 +505,7 @@ TEST(CronProperty, EveryAcceptedExpressionFires) {
         std::string text = random_field(rng, 0, 59) + " " + random_field(rng, 0, 23) + " " + day +
                            " " + random_field(rng, 1, 12) + " " + random_field(rng, 0, 7);
         if (pick(0, 3) == 0) {
-            text = random_field(rng, 0, 59) + " " + text;
+            text.insert(0, random_field(rng, 0, 59) + " ");
         }
         const CronParse parsed = parse_cron(text);
         if (!parsed.ok) {
