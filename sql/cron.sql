@@ -96,6 +96,8 @@ SELECT throttle.cron_next('0 12 * * *', 'UTC', '2026-01-01 12:00') AS next_day,
 SET pg_throttle.test_clock = '2032-03-01 10:00:00+00';
 SELECT throttle.cron_next('@daily');
 RESET pg_throttle.test_clock;
+-- In the select list, as well as in FROM.
+SELECT throttle.cron_firings('@hourly', 'UTC', '2026-01-01', '2026-01-01 02:00');
 -- max bounds the set; none comes after the end of timestamps.
 SELECT count(*) FROM throttle.cron_firings('* * * * * *', 'UTC', '2026-01-01', 'infinity', 5);
 SELECT throttle.cron_next('0 0 1 1 *', 'UTC', '294276-06-01') AS past_the_end;
