@@ -16,7 +16,7 @@ DATA_built = $(EXTENSION)--$(EXTVERSION).sql
 DATA       = $(wildcard src/sql/upgrade/$(EXTENSION)--*--*.sql) \
              $(wildcard src/sql/releases/$(EXTENSION)--*.sql)
 
-REGRESS      = acquire bad_input status other_database reinstall rate locks queue queue_metrics reset
+REGRESS      = acquire bad_input status other_database reinstall rate locks queue queue_metrics reset cron
 REGRESS_OPTS = --load-extension=pg_throttle
 
 PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-register -Wno-missing-field-initializers \

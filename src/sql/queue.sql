@@ -1166,3 +1166,22 @@ CREATE VIEW throttle.queue_metrics AS
 COMMENT ON VIEW throttle.queue_metrics IS
     'One row per queue of this database with events in throttle.event: events due (pending, run_at passed; some may wait behind a claimed run of their item_key or a held group), scheduled for later, claimed, claimed whose lease has ended (a worker died or stalled; the next claim takes them over), dead, and the age in seconds of the oldest due event (0 when none is due). Reads the whole of throttle.event: scrape it every few seconds, not in a loop. Readable by everyone, as throttle.event is.';
 GRANT SELECT ON throttle.queue_metrics TO PUBLIC;
+
+-- Cron expressions (docs/recurring.md): when one fires in a time zone, for
+-- checking an expression, and for the recurring schedules to come. STABLE
+-- rather than IMMUTABLE: an update of the time zone data moves firings.
+CREATE FUNCTION throttle.cron_next(cron text, time_zone text DEFAULT 'UTC',
+                                   after timestamptz DEFAULT throttle.now())
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'pg_throttle_cron_next'  -- src/pg/queue/cron_sql.cpp
+LANGUAGE C STABLE PARALLEL SAFE;
+COMMENT ON FUNCTION throttle.cron_next(text, text, timestamptz) IS
+    'The first instant after after at which the cron expression fires in time_zone (five fields, or six with leading seconds; docs/recurring.md, DST rule included); NULL when none comes before timestamps end. 22023 for an invalid expression (the DETAIL names the field and byte offset) or an unknown time zone.';
+
+CREATE FUNCTION throttle.cron_firings(cron text, time_zone text, after timestamptz,
+                                      upto timestamptz, max integer DEFAULT 1000)
+RETURNS SETOF timestamptz
+AS 'MODULE_PATHNAME', 'pg_throttle_cron_firings'  -- src/pg/queue/cron_sql.cpp
+LANGUAGE C STABLE PARALLEL SAFE ROWS 100;
+COMMENT ON FUNCTION throttle.cron_firings(text, text, timestamptz, timestamptz, integer) IS
+    'The instants after after and at most upto at which the cron expression fires in time_zone, in order, at most max of them (1 to 100000), as throttle.cron_next finds them one after another.';

@@ -1,6 +1,6 @@
 -- The installed SQL surface: objects, signatures, properties, documentation.
 BEGIN;
-SELECT plan(35);
+SELECT plan(41);
 
 SELECT has_schema('throttle');
 SELECT has_table('throttle', 'resource', 'catalog table throttle.resource');
@@ -39,6 +39,24 @@ SELECT volatility_is('throttle', 'acquire', ARRAY['text', 'interval', 'text'], '
     'acquire is volatile: every call is a new decision');
 SELECT isnt_strict('throttle', 'acquire', ARRAY['text', 'interval', 'text'],
     'acquire is not strict: a NULL interval means the declared one');
+
+-- Cron expressions: pure functions of the expression, the zone and the time
+-- zone data, for everyone.
+SELECT function_returns('throttle', 'cron_next', ARRAY['text', 'text', 'timestamp with time zone'],
+    'timestamp with time zone');
+SELECT function_returns('throttle', 'cron_firings',
+    ARRAY['text', 'text', 'timestamp with time zone', 'timestamp with time zone', 'integer'],
+    'setof timestamp with time zone');
+SELECT volatility_is('throttle', 'cron_next', ARRAY['text', 'text', 'timestamp with time zone'],
+    'stable', 'cron_next is stable: an update of the time zone data moves firings');
+SELECT volatility_is('throttle', 'cron_firings',
+    ARRAY['text', 'text', 'timestamp with time zone', 'timestamp with time zone', 'integer'],
+    'stable', 'cron_firings is stable');
+SELECT ok(has_function_privilege('public', 'throttle.cron_next(text, text, timestamptz)', 'EXECUTE'),
+    'PUBLIC may call cron_next');
+SELECT ok(has_function_privilege('public',
+    'throttle.cron_firings(text, text, timestamptz, timestamptz, integer)', 'EXECUTE'),
+    'PUBLIC may call cron_firings');
 
 SELECT is(
     (SELECT array_agg(p.proname::text ORDER BY p.proname)

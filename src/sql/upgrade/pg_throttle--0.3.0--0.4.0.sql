@@ -538,3 +538,22 @@ COMMENT ON COLUMN throttle.status.next_grant_at IS
     'When the entry next grants a call: for a resource, the end of its interval; for a bucket, when one more unit is back (now when one is left); for a lock or a group''s lease, the end of the lease (infinity for a session lock), which throttle.locks shows as expires_at.';
 COMMENT ON COLUMN throttle.locks.expires_at IS
     'When the lease ends unless renewed or released first; NULL for a session lock, held until unlocked or its session ends. throttle.status shows the same instant as next_grant_at.';
+
+-- Cron expressions (docs/recurring.md): when one fires in a time zone, for
+-- checking an expression, and for the recurring schedules to come. STABLE
+-- rather than IMMUTABLE: an update of the time zone data moves firings.
+CREATE FUNCTION throttle.cron_next(cron text, time_zone text DEFAULT 'UTC',
+                                   after timestamptz DEFAULT throttle.now())
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'pg_throttle_cron_next'  -- src/pg/queue/cron_sql.cpp
+LANGUAGE C STABLE PARALLEL SAFE;
+COMMENT ON FUNCTION throttle.cron_next(text, text, timestamptz) IS
+    'The first instant after after at which the cron expression fires in time_zone (five fields, or six with leading seconds; docs/recurring.md, DST rule included); NULL when none comes before timestamps end. 22023 for an invalid expression (the DETAIL names the field and byte offset) or an unknown time zone.';
+
+CREATE FUNCTION throttle.cron_firings(cron text, time_zone text, after timestamptz,
+                                      upto timestamptz, max integer DEFAULT 1000)
+RETURNS SETOF timestamptz
+AS 'MODULE_PATHNAME', 'pg_throttle_cron_firings'  -- src/pg/queue/cron_sql.cpp
+LANGUAGE C STABLE PARALLEL SAFE ROWS 100;
+COMMENT ON FUNCTION throttle.cron_firings(text, text, timestamptz, timestamptz, integer) IS
+    'The instants after after and at most upto at which the cron expression fires in time_zone, in order, at most max of them (1 to 100000), as throttle.cron_next finds them one after another.';
