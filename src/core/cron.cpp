@@ -83,9 +83,10 @@ std::optional<Micros> next_firing(const CronSpec& spec, Micros after, const Zone
     // Firings are whole seconds: the first candidate is the next one.
     const UnixSeconds earliest = floor_div(after, kUsPerSecond) + 1 + kUnixToPostgresSeconds;
     const UnixSeconds limit = earliest + kCronSearchDays * kSecondsPerDay;
-    // Start two days early, so that a repeated hour just before `after` is
-    // known to be one.
-    UnixSeconds start = earliest - 2 * kSecondsPerDay;
+    // Start early enough that a repeated time just before `after` is known to
+    // be one: a shift moves the clock by at most twice the largest offset a
+    // zone may have (a POSIX zone string's 167 hours), under 15 days.
+    UnixSeconds start = earliest - kCronLookBackDays * kSecondsPerDay;
     std::int64_t repeated_until = std::numeric_limits<std::int64_t>::min();
     while (start < limit) {
         const std::int32_t offset = zone.offset_at(start);

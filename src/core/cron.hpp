@@ -91,6 +91,11 @@ protected:
 // so any day the spec can match comes within that span.
 inline constexpr std::int64_t kCronSearchDays = 146'097;
 
+// How far before `after` the search starts, to know whether a local time
+// just before it was a repeat: more than the longest shift of a zone (twice
+// the 167 hours a POSIX zone string's offset may reach).
+inline constexpr std::int64_t kCronLookBackDays = 15;
+
 // Seconds from 1970-01-01 to 2000-01-01, PostgreSQL's epoch.
 inline constexpr std::int64_t kUnixToPostgresSeconds = 946'684'800;
 

@@ -335,6 +335,17 @@ TEST(CronNext, NewYorkFallBack) {
               (Strings{"2026-11-01 05:00:00", "2026-11-01 06:00:00", "2026-11-01 07:00:00"}));
 }
 
+TEST(CronNext, ShiftLongerThanDays) {
+    // A zone string may set offsets of up to 167 hours: this one moves the
+    // clock back 200 hours at 2026-03-08 00:00 UTC, so that the local times
+    // from 2026-03-03 20:00 to 03-12 04:00 occur twice. 12:00 fires at each
+    // day's first occurrence only, also when asked days after the shift.
+    const UnixSeconds shift = days_from_civil(2026, 3, 8) * kSecondsPerDay;
+    const FakeZone zone(360'000, {{shift, -360'000}});
+    EXPECT_EQ(firings("0 12 * * *", zone, utc(2026, 3, 8), 1), (Strings{"2026-03-16 16:00:00"}));
+    EXPECT_EQ(firings("0 12 * * *", zone, utc(2026, 3, 11), 1), (Strings{"2026-03-16 16:00:00"}));
+}
+
 TEST(CronNext, Berlin) {
     // 2026-03-29 02:30 CET does not exist: 03:00 CEST is 01:00 UTC.
     EXPECT_EQ(firings("30 2 * * *", kBerlin, utc(2026, 3, 28, 12), 2),

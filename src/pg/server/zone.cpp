@@ -16,9 +16,18 @@ bool PgZone::next_transition(core::UnixSeconds utc, core::ZoneTransition* out) c
     pg_time_t boundary = 0;
     long after_offset = 0;
     int after_dst = 0;
-    // 1: a boundary after `at`; 0: none; -1: `at` is out of range.
-    if (pg_next_dst_boundary(&at, &before_offset, &before_dst, &boundary, &after_offset, &after_dst,
-                             zone_) != 1) {
+    // 1: a boundary after `at`; 0: none; -1: `at` is out of range. Beyond
+    // its table, PostgreSQL answers 0 at an instant that falls exactly on its
+    // 400-year repetition boundary, and the right answer one second later:
+    // ask again there.
+    int found = pg_next_dst_boundary(&at, &before_offset, &before_dst, &boundary, &after_offset,
+                                     &after_dst, zone_);
+    if (found == 0) {
+        const pg_time_t next = at + 1;
+        found = pg_next_dst_boundary(&next, &before_offset, &before_dst, &boundary, &after_offset,
+                                     &after_dst, zone_);
+    }
+    if (found != 1 || boundary <= at) {
         return false;
     }
     out->at = boundary;
