@@ -151,7 +151,8 @@ Datum complete(FunctionCallInfo fcinfo) {
     require_not_null(fcinfo, 0, "ids");
     require_not_null(fcinfo, 1, "token");
     registry_require();
-    const Datum ids = PG_GETARG_DATUM(0);
+    // Detoasted once: the statements and the NOTICE read this copy.
+    const Datum ids = PointerGetDatum(PG_GETARG_ARRAYTYPE_P(0));
     const Datum token = PG_GETARG_DATUM(1);
 
     if (SPI_connect() != SPI_OK_CONNECT) {

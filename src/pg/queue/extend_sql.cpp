@@ -65,7 +65,8 @@ Datum extend(FunctionCallInfo fcinfo) {
     require_positive_interval(lease, "lease");
     require_ends_after(clock_now(), lease, "lease");
     registry_require();
-    const Datum ids = PG_GETARG_DATUM(0);
+    // Detoasted once: the statements and the NOTICE read this copy.
+    const Datum ids = PointerGetDatum(PG_GETARG_ARRAYTYPE_P(0));
     const Datum token = PG_GETARG_DATUM(1);
 
     if (SPI_connect() != SPI_OK_CONNECT) {

@@ -188,7 +188,8 @@ Datum fail(FunctionCallInfo fcinfo) {
     require_not_null(fcinfo, 0, "ids");
     require_not_null(fcinfo, 1, "token");
     check_retry_in(fcinfo);
-    const Datum ids = PG_GETARG_DATUM(0);
+    // Detoasted once: the statements and the NOTICE read this copy.
+    const Datum ids = PointerGetDatum(PG_GETARG_ARRAYTYPE_P(0));
     const Datum token = PG_GETARG_DATUM(1);
 
     if (SPI_connect() != SPI_OK_CONNECT) {

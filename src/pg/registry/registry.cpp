@@ -187,6 +187,18 @@ void clear_state(RegistryEntry* entry) {
     entry->expires_at = kLongExpired;
 }
 
+// clear_state for an entry that stays in the table: its owner keeps paying
+// for it, and its grants and denials go on counting.
+void clear_state_keeping_owner(RegistryEntry* entry) {
+    const Oid owner = entry->owner;
+    const uint64 grants = entry->grants;
+    const uint64 denials = entry->denials;
+    clear_state(entry);
+    entry->owner = owner;
+    entry->grants = grants;
+    entry->denials = denials;
+}
+
 // Adds the entry just entered in the hash table to its partition (whose
 // exclusive lock the caller holds, or the postmaster alone).
 void link_entry(PartitionState& partition, RegistryEntry* entry) {
@@ -448,12 +460,7 @@ Attempt try_apply(const RegistryKey& key, uint32 hash, Oid role, const EntryOp& 
         // was overtaken on the other node. Born again at the arrival,
         // keeping its owner (who pays for it) and its counters.
         const Oid owner = entry->owner;
-        const uint64 grants = entry->grants;
-        const uint64 denials = entry->denials;
-        clear_state(entry);
-        entry->owner = owner;
-        entry->grants = grants;
-        entry->denials = denials;
+        clear_state_keeping_owner(entry);
         bear(entry, op, *unknown_since, moved_in_at, ctx);
         settle_owner(*entry, owner);
     }
@@ -802,13 +809,7 @@ ClearResult clear_once(const RegistryKey& key, bool create_if_absent, QuotaCheck
         } else {
             // Known free from now on, not born: the rule does not bring it
             // back. Its owner keeps paying for it; its counters stay.
-            const Oid owner = entry->owner;
-            const uint64 grants = entry->grants;
-            const uint64 denials = entry->denials;
-            clear_state(entry);
-            entry->owner = owner;
-            entry->grants = grants;
-            entry->denials = denials;
+            clear_state_keeping_owner(entry);
             result = ClearResult::kCleared;
         }
         entry->granted_at = GetCurrentTimestamp();
