@@ -539,6 +539,99 @@ COMMENT ON COLUMN throttle.status.next_grant_at IS
 COMMENT ON COLUMN throttle.locks.expires_at IS
     'When the lease ends unless renewed or released first; NULL for a session lock, held until unlocked or its session ends. throttle.status shows the same instant as next_grant_at.';
 
+-- Wake-ups (docs/queue.md, "Wake-ups"): the waker of each database calls
+-- this when something falls due; it NOTIFYs the channel of each queue with
+-- the events that fell due in (after_at, upto_at] (a pending event's run_at,
+-- a claim's lease_until), at most 64 per queue and kind, which wake every
+-- listener of the queue; and answers the next instant something falls due
+-- (NULL: nothing ahead). Index descents only: per queue, one per priority of
+-- its pending events without a group_key, and three more.
+CREATE FUNCTION throttle._announce_due(after_at timestamptz, upto_at timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    q text;
+    p integer;
+    next_at timestamptz;
+BEGIN
+    FOR q IN
+        WITH RECURSIVE pending(queue) AS (       -- event_pending_key
+            SELECT min(e.queue) FROM throttle.event e WHERE e.state = 'pending'
+            UNION ALL
+            SELECT (SELECT min(e.queue) FROM throttle.event e
+                    WHERE e.state = 'pending' AND e.queue > pending.queue)
+            FROM pending WHERE pending.queue IS NOT NULL),
+        claimed(queue) AS (                      -- event_claimed_key
+            SELECT min(e.queue) FROM throttle.event e WHERE e.state = 'claimed'
+            UNION ALL
+            SELECT (SELECT min(e.queue) FROM throttle.event e
+                    WHERE e.state = 'claimed' AND e.queue > claimed.queue)
+            FROM claimed WHERE claimed.queue IS NOT NULL)
+        SELECT pending.queue FROM pending WHERE pending.queue IS NOT NULL
+        UNION
+        SELECT claimed.queue FROM claimed WHERE claimed.queue IS NOT NULL
+    LOOP
+        -- Pending without a group_key, one priority at a time (event_due_single).
+        p := (SELECT min(e.priority) FROM throttle.event e
+              WHERE e.queue = q AND e.state = 'pending' AND e.group_key IS NULL);
+        WHILE p IS NOT NULL LOOP
+            PERFORM pg_notify(q, d.id::text)
+            FROM (SELECT e.id FROM throttle.event e
+                  WHERE e.queue = q AND e.state = 'pending' AND e.group_key IS NULL
+                    AND e.priority = p AND e.run_at > after_at AND e.run_at <= upto_at
+                  ORDER BY e.run_at LIMIT 64) d;
+            next_at := least(next_at, (SELECT min(e.run_at) FROM throttle.event e
+                                       WHERE e.queue = q AND e.state = 'pending'
+                                         AND e.group_key IS NULL AND e.priority = p
+                                         AND e.run_at > upto_at));
+            EXIT WHEN p = 2147483647;
+            p := (SELECT min(e.priority) FROM throttle.event e
+                  WHERE e.queue = q AND e.state = 'pending' AND e.group_key IS NULL
+                    AND e.priority > p);
+        END LOOP;
+        -- Pending with a group_key (event_due_grouped).
+        PERFORM pg_notify(q, d.id::text)
+        FROM (SELECT e.id FROM throttle.event e
+              WHERE e.queue = q AND e.state = 'pending' AND e.group_key IS NOT NULL
+                AND e.run_at > after_at AND e.run_at <= upto_at
+              ORDER BY e.run_at LIMIT 64) d;
+        next_at := least(next_at, (SELECT min(e.run_at) FROM throttle.event e
+                                   WHERE e.queue = q AND e.state = 'pending'
+                                     AND e.group_key IS NOT NULL AND e.run_at > upto_at));
+        -- Claims whose lease ends (event_leases_single, event_leases_grouped).
+        PERFORM pg_notify(q, d.id::text)
+        FROM (SELECT e.id FROM throttle.event e
+              WHERE e.queue = q AND e.state = 'claimed' AND e.group_key IS NULL
+                AND e.lease_until > after_at AND e.lease_until <= upto_at
+              ORDER BY e.lease_until LIMIT 64) d;
+        next_at := least(next_at, (SELECT min(e.lease_until) FROM throttle.event e
+                                   WHERE e.queue = q AND e.state = 'claimed'
+                                     AND e.group_key IS NULL AND e.lease_until > upto_at));
+        PERFORM pg_notify(q, d.id::text)
+        FROM (SELECT e.id FROM throttle.event e
+              WHERE e.queue = q AND e.state = 'claimed' AND e.group_key IS NOT NULL
+                AND e.lease_until > after_at AND e.lease_until <= upto_at
+              ORDER BY e.lease_until LIMIT 64) d;
+        next_at := least(next_at, (SELECT min(e.lease_until) FROM throttle.event e
+                                   WHERE e.queue = q AND e.state = 'claimed'
+                                     AND e.group_key IS NOT NULL AND e.lease_until > upto_at));
+    END LOOP;
+    RETURN next_at;
+END
+$$;
+COMMENT ON FUNCTION throttle._announce_due(timestamptz, timestamptz) IS
+    'Internal, for the waker of the database: NOTIFYs each queue''s channel with the ids of the events that fell due in (after_at, upto_at] (a pending event''s run_at, a claim''s lease_until; at most 64 per queue and kind) and returns the next instant one falls due, NULL when none.';
+REVOKE EXECUTE ON FUNCTION throttle._announce_due(timestamptz, timestamptz) FROM PUBLIC;
+
+CREATE FUNCTION throttle._waker_start()
+RETURNS void
+AS 'MODULE_PATHNAME', 'pg_throttle_waker_start'  -- src/pg/queue/waker_sql.cpp
+LANGUAGE C;
+COMMENT ON FUNCTION throttle._waker_start() IS
+    'Internal: once the transaction commits, this database gets a waker, whose first pass announces every event due (called by the install and update scripts).';
+REVOKE EXECUTE ON FUNCTION throttle._waker_start() FROM PUBLIC;
+SELECT throttle._waker_start();
+
 -- Cron expressions (docs/recurring.md): when one fires in a time zone, for
 -- checking an expression, and for the recurring schedules to come. STABLE
 -- rather than IMMUTABLE: an update of the time zone data moves firings.
