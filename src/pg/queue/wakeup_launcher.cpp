@@ -200,5 +200,6 @@ void pg_throttle_wakeup_launcher_main(Datum /*arg*/) {
         }
         (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, kTickMs,
                         PG_WAIT_EXTENSION);
+        CHECK_FOR_INTERRUPTS();  // a ProcSignalBarrier (DROP DATABASE waits for each process)
     }
 }
