@@ -118,8 +118,8 @@ TimestampTz pass(TimestampTz after, TimestampTz upto, bool check_function) {
             elog(ERROR, "pg_throttle waker: the look-up of throttle._announce_due failed");
         }
         bool is_null = true;
-        found = DatumGetBool(
-            SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
+        found =
+            DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
     }
     if (found) {
         Oid types[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
@@ -193,8 +193,7 @@ void pg_throttle_waker_main(Datum slot) {
                 proc_exit(0);
             }
         }
-        const TimestampTz hinted =
-            instant_of(pg_atomic_exchange_u64(&mine.hinted, kNothingAhead));
+        const TimestampTz hinted = instant_of(pg_atomic_exchange_u64(&mine.hinted, kNothingAhead));
         if (hinted <= after) {
             after = hinted - 1;  // committed after a pass that ran past it
         }

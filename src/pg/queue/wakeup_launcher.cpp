@@ -131,8 +131,7 @@ void start_wanted() {
     for (int i = 0; i < kWakeupSlots; i++) {
         WakeupSlot& slot = wakeups_shared()->slots[i];
         to_start[i] = InvalidOid;
-        if (slot.starting && !slot.running &&
-            (now - slot.started_at > kStartTimeout || gone[i])) {
+        if (slot.starting && !slot.running && (now - slot.started_at > kStartTimeout || gone[i])) {
             slot.starting = false;  // it could not connect (a database dropped meanwhile)
             slot.wanted = false;
         }

@@ -18,16 +18,16 @@ inline constexpr int kWakeupSlots = 64;
 inline constexpr uint64 kNothingAhead = static_cast<uint64>(PG_INT64_MAX);
 
 struct WakeupSlot {
-    Oid dbid;           // InvalidOid: free
-    bool wanted;        // a waker should run here: the launcher starts one
-    bool starting;      // the launcher registered a waker that has not attached yet
-    bool running;       // a waker is attached
-    bool absent;        // no pg_throttle with wake-ups here: none until _waker_start()
+    Oid dbid;                // InvalidOid: free
+    bool wanted;             // a waker should run here: the launcher starts one
+    bool starting;           // the launcher registered a waker that has not attached yet
+    bool running;            // a waker is attached
+    bool absent;             // no pg_throttle with wake-ups here: none until _waker_start()
     TimestampTz held_until;  // no waker before (wakeups_hold)
     TimestampTz started_at;  // when `starting` was set
     TimestampTz restart_at;  // not started again before (a waker that failed)
-    int pid;            // the attached waker's
-    Latch* latch;       // the attached waker's
+    int pid;                 // the attached waker's
+    Latch* latch;            // the attached waker's
     // Instants as TimestampTz bit patterns (signed: compare as int64).
     pg_atomic_uint64 hinted;
     pg_atomic_uint64 planned;
