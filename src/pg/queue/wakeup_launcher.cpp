@@ -73,7 +73,7 @@ void list_databases() {
 }
 
 // Under the lock: the scouts that fit become wanted.
-void want_scouts(TimestampTz now) {
+void want_scouts() {
     int starting = 0;
     for (const WakeupSlot& slot : wakeups_shared()->slots) {
         starting += slot.starting ? 1 : 0;
@@ -127,7 +127,7 @@ void start_wanted() {
         gone[i] = stopped(i);
     }
     LWLockAcquire(wakeups_lock(), LW_EXCLUSIVE);
-    want_scouts(now);
+    want_scouts();
     for (int i = 0; i < kWakeupSlots; i++) {
         WakeupSlot& slot = wakeups_shared()->slots[i];
         to_start[i] = InvalidOid;
