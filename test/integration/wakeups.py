@@ -10,7 +10,9 @@ not only when it is scheduled due:
 - after a backend crash, a postmaster crash, a clean restart and a promotion: what falls due
   later is announced, and what fell due while the server was down is announced as it comes back
   (each checked more than once);
-- pg_throttle.wakeups = off sends nothing; the internal functions are not PUBLIC's.
+- pg_throttle.wakeups = off sends nothing; the internal functions are not PUBLIC's;
+- a recurring schedule that fires every second enqueues each second exactly once across all of
+  the faults above, catching up what fell while the server was down.
 
 Runs servers of its own (a primary and a standby) on Unix sockets in a temporary directory, with
 the port number PGPORT + 20.
@@ -245,7 +247,27 @@ def promotion(tap, primary, directory):
     for i, event in enumerate(ahead):
         heard_on_time(tap, listener, event, f"after a promotion: an event ahead ({i + 1} of 2)")
     listener.close()
+    every_second_once(tap, standby)
     standby.ctl("stop", "-m", "fast")
+
+
+def every_second_once(tap, server):
+    """The every-second schedule 'tick' ran across every fault above: each second from its first
+    firing to now enqueued exactly once (catch_up all filled what fell while the server was down
+    or the wake-ups were off), and it still fires on the promoted server."""
+    conn = reconnect(dbname=DB, user="postgres", **server.address())
+    time.sleep(2.5)
+    rows = one(conn, "SELECT count(*), count(DISTINCT item_key), "
+                     "extract(epoch FROM max(run_at) - min(run_at))::int + 1, "
+                     "extract(epoch FROM now() - max(run_at)) FROM throttle.all_events "
+                     "WHERE queue = 'ticks'")
+    count, distinct, span, behind = rows
+    tap.ok(count == distinct == span and count > 20,
+           f"recurring every second across crashes, restarts and a promotion: each of {span} "
+           f"seconds enqueued once", f"{count} events, {distinct} keys, {span} seconds")
+    tap.ok(float(behind) < 2.5, "and the promoted server fires it on time",
+           f"the last firing {float(behind):.1f} s ago")
+    conn.close()
 
 
 def switched_off(tap, server):
@@ -292,7 +314,7 @@ def privileges(tap, server):
 
 
 def main():
-    tap = Tap(39)
+    tap = Tap(41)
     port = int(os.environ.get("PGPORT", "5432")) + 20
     directory = tempfile.mkdtemp(prefix="pg_throttle_wakeups.")
     os.chmod(directory, 0o755)
@@ -309,6 +331,11 @@ def main():
         conn.close()
         switched_off(tap, server)
         privileges(tap, server)
+        ticks = server.connect(DB)
+        ticks.cursor().execute("INSERT INTO throttle.recurring (name, queue, cron, catch_up, "
+                               "catch_up_window) VALUES ('tick', 'ticks', '* * * * * *', 'all', "
+                               "'1 hour')")
+        ticks.close()
         for fault in (backend_crash, postmaster_crash, clean_restart):
             after_fault(tap, server, fault, fell_due_while_down=False)
         for fault in (postmaster_crash, clean_restart):
