@@ -1363,6 +1363,11 @@ DECLARE
     p integer;
     next_at timestamptz;
 BEGIN
+  -- The waker's lock_timeout is short: a statement that locks these tables
+  -- (DROP EXTENSION, an update's ALTER TABLE) never waits on a pass, nor
+  -- deadlocks with one. A pass that would wait gives way and comes back a
+  -- second later.
+  BEGIN
     -- Recurring schedules first: a firing due enqueues its event (which
     -- schedule NOTIFYs). One a concurrent firer holds, or one that failed,
     -- is tried again a second later.
@@ -1437,6 +1442,9 @@ BEGIN
                                    WHERE e.queue = q AND e.state = 'claimed'
                                      AND e.group_key IS NOT NULL AND e.lease_until > upto_at));
     END LOOP;
+  EXCEPTION WHEN lock_not_available THEN
+    RETURN upto_at + interval '1 second';
+  END;
     RETURN next_at;
 END
 $$;

@@ -173,7 +173,8 @@ void pg_throttle_waker_main(Datum slot) {
     // again by the first pass after it.
     SetConfigOption("synchronous_commit", "off", PGC_SUSET, PGC_S_OVERRIDE);
     SetConfigOption("statement_timeout", "10s", PGC_SUSET, PGC_S_OVERRIDE);
-    SetConfigOption("lock_timeout", "5s", PGC_SUSET, PGC_S_OVERRIDE);
+    // Shorter than deadlock_timeout: a pass gives way to DDL (throttle._announce_due).
+    SetConfigOption("lock_timeout", "100ms", PGC_SUSET, PGC_S_OVERRIDE);
     SetConfigOption("idle_in_transaction_session_timeout", "0", PGC_SUSET, PGC_S_OVERRIDE);
 
     WakeupSlot& mine = my_slot();
