@@ -17,6 +17,7 @@
   without events; two databases' queues of one name are paused apart.
 """
 import os
+import select
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -38,12 +39,19 @@ def notices(conn):
     return got
 
 
-def notified(conn):
-    """The payloads of the notifications conn received, and forgets them."""
-    conn.poll()
-    got = [n.payload for n in conn.notifies]
-    del conn.notifies[:]
-    return got
+def notified(conn, quiet=1.0):
+    """The payloads of the notifications conn received until none came for
+    `quiet` seconds (they arrive after the notifier's commit, on the
+    listener's socket), and forgets them."""
+    got = []
+    while True:
+        conn.poll()
+        if conn.notifies:
+            got += [n.payload for n in conn.notifies]
+            del conn.notifies[:]
+            continue
+        if not select.select([conn], [], [], quiet)[0]:
+            return got
 
 
 def claimed(conn, queue, fn="claim", worker="w", lease="5 minutes", max_=100):
