@@ -8,16 +8,15 @@
 namespace pg_throttle::pg {
 namespace {
 
-// One row whether or not the queue is named in throttle.group_policy; the
-// pauses are probes of queue_pause_key.
+// One row whether or not the queue is named in throttle.group_policy (the
+// aggregate of the queue's pauses always gives one): one scan of
+// queue_pause_key for the queue's pauses, one probe of the policy.
 KeptPlan policy_query{
-    "SELECT p.workers, p.strict_order,"
-    "       EXISTS (SELECT 1 FROM throttle.queue_pause q"
-    "               WHERE q.queue = x.queue AND q.group_key IS NULL),"
-    "       (SELECT array_agg(q.group_key) FROM throttle.queue_pause q"
-    "        WHERE q.queue = x.queue AND q.group_key IS NOT NULL)"
-    " FROM (SELECT $1::text AS queue) x"
-    " LEFT JOIN throttle.group_policy p ON p.queue = x.queue",
+    "SELECT p.workers, p.strict_order, coalesce(q.paused, false), q.groups"
+    " FROM (SELECT bool_or(q.group_key IS NULL) AS paused,"
+    "              array_agg(q.group_key) FILTER (WHERE q.group_key IS NOT NULL) AS groups"
+    "       FROM throttle.queue_pause q WHERE q.queue = $1) q"
+    " LEFT JOIN throttle.group_policy p ON p.queue = $1",
     1,
     {TEXTOID},
     nullptr};
