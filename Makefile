@@ -104,7 +104,7 @@ soak:
 	/usr/bin/python3 test/soak/soak.py --cycles $(SOAK_CYCLES) --summary build/soak.json
 
 # Benchmarks against SELECT 1 and the SQL recipes (bench/run.sh).
-.PHONY: bench bench-versions bench-bound bench-real bench-sustained
+.PHONY: bench bench-versions bench-bound bench-real bench-sustained bench-wakeups
 bench:
 	bash bench/run.sh
 
@@ -116,6 +116,11 @@ bench-hot:
 # What bounds a claim, alone (bench/queue-bound.sh, part of make bench).
 bench-bound:
 	bash bench/run.sh --only queue-bound
+
+# Wake-ups at the due time: the lateness of idle LISTENing workers, alone
+# (bench/wakeups.sh, part of make bench).
+bench-wakeups:
+	bash bench/run.sh --only wakeups
 
 # Queues as they really run, alone (bench/queue-real.sh, part of make bench).
 bench-real:

@@ -10,6 +10,8 @@
 # bench/queue-real.sh (the same contenders as they really run: 32 workers,
 # 20 ms jobs, long jobs held, a stream's latency, an old snapshot),
 # bench/queue-bound.sh (what bounds a claim: one worker, with claims in force),
+# bench/wakeups.sh (idle LISTENing workers: lateness after a run_at ahead, a
+# backoff, a lease's end, against polling),
 # bench/status_scan.sh (grants while sessions loop over throttle.status) and
 # bench/scale.sh (1 000 000 live keys: memory per entry and throughput).
 # Each hot-path ratio to SELECT 1 is compared with its best of the last five
@@ -48,3 +50,4 @@ bash "$ROOT/bench/queue.sh"
 bash "$ROOT/bench/queue-node.sh"
 bash "$ROOT/bench/queue-real.sh"
 bash "$ROOT/bench/queue-bound.sh"
+bash "$ROOT/bench/wakeups.sh"

@@ -2,13 +2,13 @@
 // A pg_throttle queue worker with node-postgres (npm `pg`).
 //
 //   node queue_worker.js --queue mail [--groups] [--worker NAME] [--lease 30] [--max 10]
-//                        [--poll 5] [--retry-in SECONDS] [--log FILE] [--work-ms 100]
+//                        [--poll 60] [--retry-in SECONDS] [--log FILE] [--work-ms 100]
 //
 // Connects with the libpq environment (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE).
-// It LISTENs on the channel named after the queue, where throttle.schedule NOTIFYs the
-// events that are due, and also polls every --poll seconds: a NOTIFY is only a hint (an
-// event scheduled for later, or one freed by another worker's transaction, may become
-// claimable without one). Each claim's lease is extended every lease/3 while the work
+// It LISTENs on the channel named after the queue, where pg_throttle NOTIFYs every event
+// that becomes claimable (also when a run_at ahead, a backoff or a lease falls due), and
+// also polls every --poll seconds: a NOTIFY is only a hint (one freed by another worker's
+// transaction may become claimable without one; docs/queue.md). Each claim's lease is extended every lease/3 while the work
 // runs; a claim that could not be extended is lost (another worker may have taken it
 // over), so its events are neither completed nor failed; so is one whose complete or fail
 // ends fewer events than it was given. After a failure in a group claim (--groups), the
@@ -34,7 +34,7 @@ const { values: opts } = parseArgs({
     worker: { type: 'string', default: `${os.hostname()}-${process.pid}` },
     lease: { type: 'string', default: '30' },           // seconds
     max: { type: 'string' },                            // events per claim
-    poll: { type: 'string', default: '5' },             // seconds between polls
+    poll: { type: 'string', default: '60' },            // seconds between polls
     'retry-in': { type: 'string' },                     // seconds; default: the queue's backoff
     log: { type: 'string' },                            // JSON lines, one per handled event
     'work-ms': { type: 'string', default: '100' },

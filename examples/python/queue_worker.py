@@ -1,14 +1,14 @@
 #!/usr/bin/python3
 """A pg_throttle queue worker (psycopg 3): claim, work, complete or fail.
 
-    queue_worker.py QUEUE [--dsn DSN] [--groups] [--lease 30] [--poll 5] ...
+    queue_worker.py QUEUE [--dsn DSN] [--groups] [--lease 30] [--poll 60] ...
 
 It connects with the libpq environment (PGHOST, PGDATABASE, ...) or --dsn, in
 autocommit (a claim must commit to be seen by others, and a group is freed when
 its complete commits). It LISTENs on the queue's channel (the channel is the
-queue's name: schedule, complete and fail NOTIFY it when an event is due) and
-also polls every --poll seconds, since a NOTIFY is only a hint: an event that
-becomes due later, or a retry after its backoff, sends none.
+queue's name: pg_throttle NOTIFYs it whenever an event becomes claimable, also
+when a run_at ahead, a retry's backoff or a lease falls due) and also polls
+every --poll seconds, since a NOTIFY is only a hint (docs/queue.md).
 
 While an event is worked on, a heartbeat thread extends the claim every
 lease/3. If extend renews fewer events than it was given, the claim was lost
@@ -319,7 +319,7 @@ def main():
     parser.add_argument("--lease", type=float, default=30, help="seconds a claim holds without extend")
     parser.add_argument("--max", type=int, default=None,
                         help="events per claim (default: 10 for claim, every due event of the group for claim_group)")
-    parser.add_argument("--poll", type=float, default=5, help="seconds between polls when no NOTIFY comes")
+    parser.add_argument("--poll", type=float, default=60, help="seconds between polls when no NOTIFY comes")
     parser.add_argument("--retry-in", type=float, default=None,
                         help="seconds before a failed event is retried (default: the queue's backoff)")
     parser.add_argument("--on-term", choices=["finish", "handback"], default="finish",

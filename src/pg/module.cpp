@@ -6,6 +6,7 @@
 #include "pg/locks/locks.hpp"
 #include "pg/registry/registry.hpp"
 #include "pg/queue/scan_floors.hpp"
+#include "pg/queue/wakeups.hpp"
 #include "pg/scale_out/arrivals.hpp"
 
 #include "pg/server/clock.hpp"
@@ -17,6 +18,7 @@
 #include "pg/registry/standby.hpp"
 
 extern "C" {
+#include "commands/defrem.h"
 #include "tcop/utility.h"
 }
 
@@ -31,16 +33,51 @@ shmem_request_hook_type previous_shmem_request = nullptr;
 shmem_startup_hook_type previous_shmem_startup = nullptr;
 ProcessUtility_hook_type previous_process_utility = nullptr;
 
+// The database a statement needs without other connections (its waker's
+// among them), or InvalidOid: DROP DATABASE, ALTER DATABASE ... RENAME or
+// SET TABLESPACE, and the template of CREATE DATABASE.
+Oid database_needed_alone(Node* statement) {
+    const char* name = nullptr;
+    if (IsA(statement, DropdbStmt)) {
+        name = reinterpret_cast<DropdbStmt*>(statement)->dbname;
+    } else if (IsA(statement, RenameStmt) &&
+               reinterpret_cast<RenameStmt*>(statement)->renameType == OBJECT_DATABASE) {
+        name = reinterpret_cast<RenameStmt*>(statement)->subname;
+    } else if (IsA(statement, AlterDatabaseStmt)) {
+        auto* alter = reinterpret_cast<AlterDatabaseStmt*>(statement);
+        ListCell* cell = nullptr;
+        foreach (cell, alter->options) {
+            if (strcmp(static_cast<DefElem*>(lfirst(cell))->defname, "tablespace") == 0) {
+                name = alter->dbname;
+            }
+        }
+    } else if (IsA(statement, CreatedbStmt)) {
+        name = "template1";
+        ListCell* cell = nullptr;
+        foreach (cell, reinterpret_cast<CreatedbStmt*>(statement)->options) {
+            auto* option = static_cast<DefElem*>(lfirst(cell));
+            if (strcmp(option->defname, "template") == 0 && option->arg != nullptr) {
+                name = defGetString(option);
+            }
+        }
+    }
+    return name == nullptr ? InvalidOid : get_database_oid(name, true);
+}
+
 // DISCARD ALL, which poolers send between clients, releases this session's
 // locks as it releases advisory locks. After the command: a DISCARD ALL
-// that fails (inside a transaction block) releases nothing. Holds only
-// trivially destructible objects: the standard processing may raise.
+// that fails (inside a transaction block) releases nothing. A statement
+// that needs a database without other connections first sends its waker
+// away (wakeups.hpp); a failed one lets it come back after 30 s. Holds
+// only trivially destructible objects: the standard processing may raise.
 void on_process_utility(PlannedStmt* pstmt, const char* query_string, bool read_only_tree,
                         ProcessUtilityContext context, ParamListInfo params,
                         QueryEnvironment* query_env, DestReceiver* dest, QueryCompletion* qc) {
     Node* statement = pstmt->utilityStmt;
     const bool discard_all = IsA(statement, DiscardStmt) &&
                              reinterpret_cast<DiscardStmt*>(statement)->target == DISCARD_ALL;
+    const Oid alone = database_needed_alone(statement);
+    pg_throttle::pg::wakeups_hold(alone);
     if (previous_process_utility != nullptr) {
         previous_process_utility(pstmt, query_string, read_only_tree, context, params, query_env,
                                  dest, qc);
@@ -51,6 +88,7 @@ void on_process_utility(PlannedStmt* pstmt, const char* query_string, bool read_
     if (discard_all) {
         pg_throttle::pg::lock_release_session_locks();
     }
+    pg_throttle::pg::wakeups_release(alone, IsA(statement, DropdbStmt));
 }
 
 void on_shmem_request() {
@@ -63,6 +101,7 @@ void on_shmem_request() {
     pg_throttle::pg::lease_journal_request_shmem();
     pg_throttle::pg::arrivals_request_shmem();
     pg_throttle::pg::scan_floors_request_shmem();
+    pg_throttle::pg::wakeups_request_shmem();
     RequestAddinShmemSpace(pg_throttle::pg::waiters_shmem_size());
 }
 
@@ -77,6 +116,7 @@ void on_shmem_startup() {
     pg_throttle::pg::lease_journal_attach_shmem();
     pg_throttle::pg::arrivals_attach_shmem();
     pg_throttle::pg::scan_floors_attach_shmem();
+    pg_throttle::pg::wakeups_attach_shmem();
     pg_throttle::pg::waiters_attach_shmem();
     LWLockRelease(AddinShmemInitLock);
     pg_throttle::pg::persistence_startup();
@@ -94,10 +134,12 @@ void _PG_init(void) {
     pg_throttle::pg::define_clock_guc();
     pg_throttle::pg::checkpoint_define_guc();
     pg_throttle::pg::standby_define_guc();
+    pg_throttle::pg::wakeups_define_guc();
     MarkGUCPrefixReserved("pg_throttle");
 
     pg_throttle::pg::wal_register();
     pg_throttle::pg::checkpoint_register_worker();
+    pg_throttle::pg::wakeups_register_launcher();
 
     previous_shmem_request = shmem_request_hook;
     shmem_request_hook = on_shmem_request;

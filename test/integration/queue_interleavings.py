@@ -98,6 +98,23 @@ def behind_open_extend(claim, sql, linger):
         extender.close()
 
 
+def set_wakeups(admin, on):
+    """Turns the wake-ups (pg_throttle.wakeups, a reload setting) on or off, and waits until a
+    new session sees it: a check of what a call NOTIFYs itself runs with them off, else the
+    waker's NOTIFY of the same event comes too."""
+    cur = admin.cursor()
+    cur.execute("ALTER SYSTEM SET pg_throttle.wakeups = %s" % ("on" if on else "off"))
+    cur.execute("SELECT pg_reload_conf()")
+    for _ in range(100):
+        probe = connect()
+        seen = one(probe, "SHOW pg_throttle.wakeups")[0]
+        probe.close()
+        if seen == ("on" if on else "off"):
+            break
+        time.sleep(0.05)
+    time.sleep(0.3)  # the waker's own reload
+
+
 def heard(listener, wait=5):
     """The payloads (ints) of the first notifications listener gets within
     `wait` seconds."""
@@ -784,6 +801,7 @@ def main():
     # 54: fail decides what is due, to NOTIFY, when its waits are over: a
     # retry that came due while fail waited for the claim's row (an extend
     # in a transaction left open) is heard.
+    set_wakeups(admin, False)  # fail's own NOTIFY, not the waker's
     fresh(cur, "d.latewake")
     cur.execute("SELECT throttle.schedule('d.latewake', 'k', now())")
     claim = one(admin, "SELECT id, claim_token FROM throttle.claim('d.latewake', 'w1')")
@@ -821,6 +839,7 @@ def main():
     tap.is_((result.get("rows"), result["waited"], heard(listener)), ([(1,)], True, [successor]),
             "complete that waited past the next run's run_at NOTIFYs it")
     listener.close()
+    set_wakeups(admin, True)
 
     # 38: a claim that expired while a newer run of its item_key waits is
     # not run again with its old payload: the newer run replaces it.

@@ -16,9 +16,10 @@
 // N times'.
 //
 // And it notes the position of each pending event without a group_key it
-// lets through, for the queue's scan floor, reported when the transaction
-// commits (scan_floors.hpp): every write of the table, whoever makes it,
-// passes here.
+// lets through, for the queue's scan floor, and the instant each pending
+// event falls due or each claim's lease ends, for the database's waker,
+// reported when the transaction commits (scan_floors.hpp, wakeups.hpp):
+// every write of the table, whoever makes it, passes here.
 //
 // The trigger is ENABLE ALWAYS: it also runs under session_replication_role
 // = replica (a logical replication apply worker), as CHECK constraints did.
@@ -33,6 +34,7 @@
 // The core's headers (through clock.hpp) come before PostgreSQL's.
 #include "pg/server/clock.hpp"
 #include "pg/queue/scan_floors.hpp"
+#include "pg/queue/wakeups.hpp"
 #include "pg/server/boundary.hpp"
 
 extern "C" {
@@ -193,6 +195,26 @@ void note_for_floors(HeapTuple row, TupleDesc desc) {
                             core::QueuePosition{DatumGetTimestampTz(run_at), DatumGetInt64(id)});
 }
 
+// The instant a pending event falls due, or a claim's lease ends: the
+// commit reports it to the database's waker when it lies ahead
+// (wakeups.hpp).
+void note_for_wakeups(HeapTuple row, TupleDesc desc) {
+    text* state = nullptr;
+    if (!text_of(row, desc, kState, &state)) {
+        return;
+    }
+    const bool pending = text_is(state, "pending");
+    if (!pending && !text_is(state, "claimed")) {
+        return;
+    }
+    bool null = true;
+    const Datum instant =
+        heap_getattr(row, attnum_of(desc, pending ? kRunAt : kLeaseUntil), desc, &null);
+    if (!null) {
+        wakeup_note(DatumGetTimestampTz(instant));
+    }
+}
+
 Datum event_check(FunctionCallInfo fcinfo) {
     if (!CALLED_AS_TRIGGER(fcinfo)) {
         ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
@@ -231,6 +253,7 @@ Datum event_check(FunctionCallInfo fcinfo) {
     }
     const HeapTuple stored = spent_pending_dead(row, desc);
     note_for_floors(stored, desc);
+    note_for_wakeups(stored, desc);
     return PointerGetDatum(stored);
 }
 

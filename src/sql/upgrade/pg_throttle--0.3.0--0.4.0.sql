@@ -540,6 +540,292 @@ COMMENT ON COLUMN throttle.status.next_grant_at IS
 COMMENT ON COLUMN throttle.locks.expires_at IS
     'When the lease ends unless renewed or released first; NULL for a session lock, held until unlocked or its session ends. throttle.status shows the same instant as next_grant_at.';
 
+-- Recurring schedules (docs/recurring.md): a catalog edited with SQL; each
+-- firing enqueues one event, exactly once: the firer decides a firing (moves
+-- next_firing past it) in the transaction that schedules its event.
+CREATE TABLE throttle.recurring (
+    name            text PRIMARY KEY CHECK (name <> '' AND octet_length(name) <= 200),
+    queue           text NOT NULL CHECK (queue <> '' AND octet_length(queue) <= 63),
+    cron            text NOT NULL,
+    time_zone       text NOT NULL DEFAULT 'UTC',
+    payload         jsonb NOT NULL DEFAULT '{}',
+    group_key       text,
+    concurrency_key text,
+    priority        integer NOT NULL DEFAULT 0,
+    max_attempts    integer NOT NULL DEFAULT 5 CHECK (max_attempts > 0),
+    catch_up        text NOT NULL DEFAULT 'latest' CHECK (catch_up IN ('none', 'latest', 'all')),
+    catch_up_window interval NOT NULL DEFAULT '1 day'
+                    CHECK (catch_up_window > '0' AND catch_up_window <= '31 days'),
+    on_overlap      text NOT NULL DEFAULT 'run' CHECK (on_overlap IN ('run', 'skip')),
+    enabled         boolean NOT NULL DEFAULT true,
+    next_firing     timestamptz,
+    last_firing     timestamptz,
+    last_outcome    text,
+    last_event_id   bigint,
+    created_at      timestamptz NOT NULL DEFAULT throttle.now(),
+    created_by      text NOT NULL DEFAULT throttle._caller(),
+    CONSTRAINT recurring_concurrency_key_ungrouped CHECK (concurrency_key IS NULL OR group_key IS NULL),
+    CONSTRAINT recurring_keys_check CHECK (octet_length(group_key) <= 1024 AND octet_length(concurrency_key) <= 1024)
+);
+CREATE INDEX recurring_due ON throttle.recurring (next_firing) WHERE enabled;
+COMMENT ON TABLE throttle.recurring IS
+    'Recurring schedules: each firing of cron in time_zone enqueues one event into queue (item_key recurring:<name>:<firing in UTC>), exactly once, by the database''s waker. Edited at run time with INSERT, UPDATE and DELETE; next_firing, last_firing, last_outcome and last_event_id are kept by pg_throttle.';
+COMMENT ON COLUMN throttle.recurring.cron IS 'A cron expression (docs/recurring.md), checked on every write (22023).';
+COMMENT ON COLUMN throttle.recurring.time_zone IS 'The time zone the expression is read in, as AT TIME ZONE reads it (22023 when unknown).';
+COMMENT ON COLUMN throttle.recurring.catch_up IS 'What happens to firings missed while no firer ran (the server down, the schedule paused by enabled = false does not count): none skips them, latest enqueues the newest missed one, all enqueues each one within catch_up_window (at most 1 000 at a time).';
+COMMENT ON COLUMN throttle.recurring.catch_up_window IS 'With catch_up = all: how far back missed firings are enqueued, at most 31 days.';
+COMMENT ON COLUMN throttle.recurring.on_overlap IS 'run enqueues every firing; skip decides a firing skipped while the event of the last one enqueued is still pending or claimed.';
+COMMENT ON COLUMN throttle.recurring.next_firing IS 'The first firing not decided yet (NULL when disabled): set from throttle.now() when the schedule is written (a new or changed schedule does not backfill), moved past each firing the firer decides.';
+COMMENT ON COLUMN throttle.recurring.last_firing IS 'The last firing decided.';
+COMMENT ON COLUMN throttle.recurring.last_outcome IS 'enqueued, skipped: overlap (on_overlap = skip), or skipped: missed (catch_up).';
+COMMENT ON COLUMN throttle.recurring.last_event_id IS 'The event of the last firing enqueued.';
+GRANT SELECT ON throttle.recurring TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('throttle.recurring', '');
+
+CREATE FUNCTION throttle._wake_at(instant timestamptz)
+RETURNS void
+AS 'MODULE_PATHNAME', 'pg_throttle_wake_at'  -- src/pg/queue/waker_sql.cpp
+LANGUAGE C STRICT;
+COMMENT ON FUNCTION throttle._wake_at(timestamptz) IS
+    'Internal: the database''s waker is told, when the transaction commits, that something falls due at instant (a recurring schedule''s next firing).';
+REVOKE EXECUTE ON FUNCTION throttle._wake_at(timestamptz) FROM PUBLIC;
+
+-- The rules of a schedule, and its next firing when it is written.
+CREATE FUNCTION throttle._recurring_check()
+RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' AND NEW.cron = OLD.cron AND NEW.time_zone = OLD.time_zone
+       AND NEW.enabled = OLD.enabled THEN
+        NULL;  -- the firer's update, or another column's: next_firing as given
+    ELSIF NEW.enabled THEN
+        NEW.next_firing := throttle.cron_next(NEW.cron, NEW.time_zone, throttle.now());
+    ELSE
+        PERFORM throttle.cron_next(NEW.cron, NEW.time_zone, throttle.now());  -- checked all the same
+    END IF;
+    IF NOT NEW.enabled THEN
+        NEW.next_firing := NULL;
+    ELSIF NEW.next_firing IS NOT NULL
+          AND (TG_OP = 'INSERT' OR NEW.next_firing IS DISTINCT FROM OLD.next_firing) THEN
+        PERFORM throttle._wake_at(NEW.next_firing);
+    END IF;
+    RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION throttle._recurring_check() IS
+    'Internal: the trigger of throttle.recurring: checks cron and time_zone (22023), sets next_firing when a schedule is inserted or its cron, time_zone or enabled change (NULL when disabled), and tells the waker.';
+REVOKE EXECUTE ON FUNCTION throttle._recurring_check() FROM PUBLIC;
+CREATE TRIGGER recurring_check BEFORE INSERT OR UPDATE ON throttle.recurring
+    FOR EACH ROW EXECUTE FUNCTION throttle._recurring_check();
+
+-- The firer: decides every firing due at upto_at, oldest first, each
+-- schedule's in one go; returns how many firings it decided. A schedule
+-- another transaction is firing is skipped (its row is locked); its
+-- next_firing then moves past what that one decided.
+CREATE FUNCTION throttle._fire_recurring(upto_at timestamptz)
+RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r throttle.recurring;
+    span interval;
+    latest timestamptz;
+    firings timestamptz[];
+    f timestamptz;
+    decided integer := 0;
+    outcome text;
+    event_id bigint;
+    failure text;
+BEGIN
+    FOR r IN SELECT * FROM throttle.recurring s
+             WHERE s.enabled AND s.next_firing <= upto_at
+             ORDER BY s.next_firing FOR UPDATE SKIP LOCKED LOOP
+      BEGIN
+        IF r.catch_up = 'all' THEN
+            -- Each firing due, those older than the window skipped; at most
+            -- 1 000 this time, the rest at the next pass.
+            firings := ARRAY(SELECT x FROM throttle.cron_firings(
+                                 r.cron, r.time_zone,
+                                 greatest(r.next_firing, upto_at - r.catch_up_window) - interval '1 microsecond',
+                                 upto_at, 1000) x);
+            IF r.next_firing < upto_at - r.catch_up_window THEN
+                decided := decided + 1;
+                r.last_outcome := 'skipped: missed';
+                r.last_firing := upto_at - r.catch_up_window;  -- an instant before the window
+            END IF;
+        ELSE
+            -- The newest firing due: looked for in ever longer spans before upto_at.
+            latest := NULL;
+            FOREACH span IN ARRAY ARRAY['1 minute', '1 hour', '1 day', '32 days', '400 days',
+                                        '4000 days', '146100 days']::interval[] LOOP
+                latest := (SELECT max(x) FROM throttle.cron_firings(
+                               r.cron, r.time_zone,
+                               greatest(r.next_firing, upto_at - span) - interval '1 microsecond',
+                               upto_at, 100000) x);
+                EXIT WHEN latest IS NOT NULL OR upto_at - span <= r.next_firing;
+            END LOOP;
+            firings := CASE WHEN latest IS NULL THEN '{}' ELSE ARRAY[latest] END;
+            IF r.catch_up = 'none' AND latest < upto_at - interval '1 minute' THEN
+                firings := '{}';  -- missed: a running firer is never that late
+                decided := decided + 1;
+                r.last_outcome := 'skipped: missed';
+                r.last_firing := latest;
+            END IF;
+        END IF;
+        FOREACH f IN ARRAY firings LOOP
+            decided := decided + 1;
+            r.last_firing := f;
+            IF r.on_overlap = 'skip' AND EXISTS (
+                   SELECT 1 FROM throttle.event e
+                   WHERE e.id = r.last_event_id AND e.state IN ('pending', 'claimed')) THEN
+                r.last_outcome := 'skipped: overlap';
+                CONTINUE;
+            END IF;
+            PERFORM set_config('application_name', left('pg_throttle recurring ' || r.name, 63), true);
+            event_id := throttle.schedule(
+                r.queue, 'recurring:' || r.name || ':'
+                         || to_char(f AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+                f, r.payload, r.group_key, r.max_attempts, r.priority, 'ignore',
+                r.concurrency_key);
+            r.last_outcome := 'enqueued';
+            r.last_event_id := event_id;
+        END LOOP;
+        UPDATE throttle.recurring s
+        SET next_firing = throttle.cron_next(r.cron, r.time_zone, greatest(r.last_firing, r.next_firing)),
+            last_firing = r.last_firing, last_outcome = r.last_outcome,
+            last_event_id = r.last_event_id
+        WHERE s.name = r.name;
+      EXCEPTION WHEN OTHERS THEN
+        -- Nothing of this schedule's firing happened; the others go on, and
+        -- it is tried again at the next pass, its last_outcome saying why.
+        GET STACKED DIAGNOSTICS failure = MESSAGE_TEXT;
+        UPDATE throttle.recurring s SET last_outcome = left('failed: ' || failure, 200)
+        WHERE s.name = r.name;
+      END;
+    END LOOP;
+    RETURN decided;
+END
+$$;
+COMMENT ON FUNCTION throttle._fire_recurring(timestamptz) IS
+    'Internal, for the waker of the database: decides every firing of throttle.recurring due at upto_at (enqueues its event, or skips it as catch_up and on_overlap say) and moves next_firing past it in the same transaction; returns how many it decided.';
+REVOKE EXECUTE ON FUNCTION throttle._fire_recurring(timestamptz) FROM PUBLIC;
+
+CREATE VIEW throttle.recurring_status AS
+    SELECT r.name, r.queue, r.cron, r.time_zone, r.enabled, r.last_firing, r.last_outcome,
+           r.last_event_id, a.state AS last_event_state, r.next_firing,
+           greatest(throttle.now() - r.next_firing, interval '0') AS behind
+    FROM throttle.recurring r
+    LEFT JOIN LATERAL (SELECT e.state FROM throttle.all_events e WHERE e.id = r.last_event_id) a
+           ON true;
+COMMENT ON VIEW throttle.recurring_status IS
+    'Each recurring schedule: its last firing decided and what became of it (enqueued, skipped: overlap, skipped: missed), the state of the last event it enqueued (pending, claimed, dead, done, cancelled; NULL once purged), its next firing, and how far the firer is behind it (0 when on time). Readable by everyone.';
+GRANT SELECT ON throttle.recurring_status TO PUBLIC;
+
+-- Wake-ups (docs/queue.md, "Wake-ups"): the waker of each database calls
+-- this when something falls due; it NOTIFYs the channel of each queue with
+-- the events that fell due in (after_at, upto_at] (a pending event's run_at,
+-- a claim's lease_until), at most 64 per queue and kind, which wake every
+-- listener of the queue; and answers the next instant something falls due
+-- (NULL: nothing ahead), a recurring schedule's next firing included, after
+-- it has fired those due. Index descents only: per queue, one per priority
+-- of its pending events without a group_key, and three more.
+CREATE FUNCTION throttle._announce_due(after_at timestamptz, upto_at timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    q text;
+    p integer;
+    next_at timestamptz;
+BEGIN
+    -- Recurring schedules first: a firing due enqueues its event (which
+    -- schedule NOTIFYs). One a concurrent firer holds, or one that failed,
+    -- is tried again a second later.
+    IF EXISTS (SELECT 1 FROM throttle.recurring r WHERE r.enabled AND r.next_firing <= upto_at) THEN
+        PERFORM throttle._fire_recurring(upto_at);
+        IF EXISTS (SELECT 1 FROM throttle.recurring r
+                   WHERE r.enabled AND r.next_firing <= upto_at) THEN
+            next_at := upto_at + interval '1 second';
+        END IF;
+    END IF;
+    next_at := least(next_at, (SELECT min(r.next_firing) FROM throttle.recurring r
+                               WHERE r.enabled AND r.next_firing > upto_at));
+    FOR q IN
+        WITH RECURSIVE pending(queue) AS (       -- event_pending_key
+            SELECT min(e.queue) FROM throttle.event e WHERE e.state = 'pending'
+            UNION ALL
+            SELECT (SELECT min(e.queue) FROM throttle.event e
+                    WHERE e.state = 'pending' AND e.queue > pending.queue)
+            FROM pending WHERE pending.queue IS NOT NULL),
+        claimed(queue) AS (                      -- event_claimed_key
+            SELECT min(e.queue) FROM throttle.event e WHERE e.state = 'claimed'
+            UNION ALL
+            SELECT (SELECT min(e.queue) FROM throttle.event e
+                    WHERE e.state = 'claimed' AND e.queue > claimed.queue)
+            FROM claimed WHERE claimed.queue IS NOT NULL)
+        SELECT pending.queue FROM pending WHERE pending.queue IS NOT NULL
+        UNION
+        SELECT claimed.queue FROM claimed WHERE claimed.queue IS NOT NULL
+    LOOP
+        -- Pending without a group_key, one priority at a time (event_due_single).
+        p := (SELECT min(e.priority) FROM throttle.event e
+              WHERE e.queue = q AND e.state = 'pending' AND e.group_key IS NULL);
+        WHILE p IS NOT NULL LOOP
+            PERFORM pg_notify(q, d.id::text)
+            FROM (SELECT e.id FROM throttle.event e
+                  WHERE e.queue = q AND e.state = 'pending' AND e.group_key IS NULL
+                    AND e.priority = p AND e.run_at > after_at AND e.run_at <= upto_at
+                  ORDER BY e.run_at LIMIT 64) d;
+            next_at := least(next_at, (SELECT min(e.run_at) FROM throttle.event e
+                                       WHERE e.queue = q AND e.state = 'pending'
+                                         AND e.group_key IS NULL AND e.priority = p
+                                         AND e.run_at > upto_at));
+            EXIT WHEN p = 2147483647;
+            p := (SELECT min(e.priority) FROM throttle.event e
+                  WHERE e.queue = q AND e.state = 'pending' AND e.group_key IS NULL
+                    AND e.priority > p);
+        END LOOP;
+        -- Pending with a group_key (event_due_grouped).
+        PERFORM pg_notify(q, d.id::text)
+        FROM (SELECT e.id FROM throttle.event e
+              WHERE e.queue = q AND e.state = 'pending' AND e.group_key IS NOT NULL
+                AND e.run_at > after_at AND e.run_at <= upto_at
+              ORDER BY e.run_at LIMIT 64) d;
+        next_at := least(next_at, (SELECT min(e.run_at) FROM throttle.event e
+                                   WHERE e.queue = q AND e.state = 'pending'
+                                     AND e.group_key IS NOT NULL AND e.run_at > upto_at));
+        -- Claims whose lease ends (event_leases_single, event_leases_grouped).
+        PERFORM pg_notify(q, d.id::text)
+        FROM (SELECT e.id FROM throttle.event e
+              WHERE e.queue = q AND e.state = 'claimed' AND e.group_key IS NULL
+                AND e.lease_until > after_at AND e.lease_until <= upto_at
+              ORDER BY e.lease_until LIMIT 64) d;
+        next_at := least(next_at, (SELECT min(e.lease_until) FROM throttle.event e
+                                   WHERE e.queue = q AND e.state = 'claimed'
+                                     AND e.group_key IS NULL AND e.lease_until > upto_at));
+        PERFORM pg_notify(q, d.id::text)
+        FROM (SELECT e.id FROM throttle.event e
+              WHERE e.queue = q AND e.state = 'claimed' AND e.group_key IS NOT NULL
+                AND e.lease_until > after_at AND e.lease_until <= upto_at
+              ORDER BY e.lease_until LIMIT 64) d;
+        next_at := least(next_at, (SELECT min(e.lease_until) FROM throttle.event e
+                                   WHERE e.queue = q AND e.state = 'claimed'
+                                     AND e.group_key IS NOT NULL AND e.lease_until > upto_at));
+    END LOOP;
+    RETURN next_at;
+END
+$$;
+COMMENT ON FUNCTION throttle._announce_due(timestamptz, timestamptz) IS
+    'Internal, for the waker of the database: NOTIFYs each queue''s channel with the ids of the events that fell due in (after_at, upto_at] (a pending event''s run_at, a claim''s lease_until; at most 64 per queue and kind) and returns the next instant one falls due, NULL when none.';
+REVOKE EXECUTE ON FUNCTION throttle._announce_due(timestamptz, timestamptz) FROM PUBLIC;
+
+CREATE FUNCTION throttle._waker_start()
+RETURNS void
+AS 'MODULE_PATHNAME', 'pg_throttle_waker_start'  -- src/pg/queue/waker_sql.cpp
+LANGUAGE C;
+COMMENT ON FUNCTION throttle._waker_start() IS
+    'Internal: once the transaction commits, this database gets a waker, whose first pass announces every event due (called by the install and update scripts).';
+REVOKE EXECUTE ON FUNCTION throttle._waker_start() FROM PUBLIC;
+SELECT throttle._waker_start();
+
 -- Cron expressions (docs/recurring.md): when one fires in a time zone, for
 -- checking an expression, and for the recurring schedules to come. STABLE
 -- rather than IMMUTABLE: an update of the time zone data moves firings.
