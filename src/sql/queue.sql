@@ -260,7 +260,8 @@ COMMENT ON COLUMN throttle.queue_pause.group_key IS 'The paused group of the que
 COMMENT ON COLUMN throttle.queue_pause.paused_at IS 'When throttle.pause paused it (throttle.now()).';
 COMMENT ON COLUMN throttle.queue_pause.paused_by IS 'Who paused it: the caller of throttle.pause, as enqueued_by.';
 GRANT SELECT ON throttle.queue_pause TO PUBLIC;
-SELECT pg_catalog.pg_extension_config_dump('throttle.queue_pause', '');
+-- (Kept by pg_dump: declared after throttle.recurring below, in the order
+-- the update to 0.4.0 declares them.)
 
 CREATE FUNCTION throttle._policy_changes()
 RETURNS trigger
@@ -1319,6 +1320,7 @@ COMMENT ON COLUMN throttle.recurring.last_outcome IS 'enqueued, skipped: overlap
 COMMENT ON COLUMN throttle.recurring.last_event_id IS 'The event of the last firing enqueued.';
 GRANT SELECT ON throttle.recurring TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('throttle.recurring', '');
+SELECT pg_catalog.pg_extension_config_dump('throttle.queue_pause', '');
 
 CREATE FUNCTION throttle._wake_at(instant timestamptz)
 RETURNS void
