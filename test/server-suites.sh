@@ -38,6 +38,7 @@ main)
     run_suite ended-waits prove prove --verbose test/integration/ended_waits.py || status=1
     run_suite queue prove prove --verbose test/integration/queue.py || status=1
     run_suite queue-interleavings prove prove --verbose test/integration/queue_interleavings.py || status=1
+    run_suite pause prove prove --verbose test/integration/pause.py || status=1
     run_suite schedule-batch prove prove --verbose test/integration/schedule_batch.py || status=1
     # Servers of its own (a primary it crashes and restarts, and a standby it promotes).
     run_suite wakeups prove prove --verbose test/integration/wakeups.py || status=1

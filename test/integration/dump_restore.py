@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """pg_dump keeps what the documentation says it keeps, and the restored queue works.
 
-A database with declared resources and buckets, a rate-limited queue and
-events in every state, with their attempts, is dumped and restored into a
+A database with declared resources and buckets, a rate-limited queue,
+events in every state, with their attempts, and paused queues and groups, is dumped and restored into a
 new database. Everything comes back, and the identity columns go on from
 where they were: a new event or attempt never collides with a restored one.
 """
@@ -31,6 +31,7 @@ SNAPSHOTS = {
     "group buckets": "SELECT md5(string_agg(g::text, '|' ORDER BY queue)) FROM throttle.group_bucket g",
     "queue policies": "SELECT md5((SELECT string_agg(g::text, '|' ORDER BY queue) FROM throttle.group_policy g)"
                       " || (SELECT string_agg(c::text, '|' ORDER BY queue) FROM throttle.concurrency_policy c))",
+    "pauses": "SELECT md5(string_agg(p::text, '|' ORDER BY queue, group_key)) FROM throttle.queue_pause p",
     "attempt histories": "SELECT md5(string_agg(h::text, '|' ORDER BY event_id, attempt, outcome)) "
                          "FROM throttle.attempt_history h",
 }
@@ -58,6 +59,7 @@ def fill(conn):
     cur.execute("SELECT throttle.fail(%s, %s, 'boom', '1 hour')", (ids[2:4], token))  # pending
     cur.execute("SELECT throttle.schedule('q', 'later', %s::timestamptz + interval '1 day')", (CLOCK,))
     cur.execute("SELECT throttle.cancel('q', 'later')")                             # cancelled
+    cur.execute("SELECT throttle.pause('limited'), throttle.pause('grouped', 'g1')")
     # ids[4:6] stay claimed.
 
 
@@ -134,7 +136,7 @@ def snapshot(conn):
 
 
 def main():
-    tap = Tap(16)
+    tap = Tap(17)
     admin = connect()
     for db in (SOURCE, TARGET):
         admin.cursor().execute(f"DROP DATABASE IF EXISTS {db}")

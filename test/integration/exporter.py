@@ -87,7 +87,7 @@ def registry_row(conn, kind):
 
 
 def main():
-    t = Tap(26)
+    t = Tap(27)
     admin = connect()
     run(admin, f"DROP ROLE IF EXISTS {ROLE}")
     run(admin, f"CREATE ROLE {ROLE} LOGIN PASSWORD '{PASSWORD}' IN ROLE pg_monitor")
@@ -194,6 +194,7 @@ def main():
     one(admin, "SELECT throttle.schedule('metrics_live', 'later', now() + interval '1 hour')")
     one(admin, "SELECT throttle.schedule('metrics_live', 'claimed', now() - interval '1 hour')")
     one(admin, "SELECT count(*) FROM throttle.claim('metrics_live', 'w', '1 minute')")
+    one(admin, "SELECT throttle.pause('metrics_live', 'tenant-a'), throttle.pause('metrics_paused')")
 
     # Usage against quotas: a role with a quota of its own holds an entry.
     run(admin, "ALTER ROLE throttle_metrics_plain SET pg_throttle.role_quota = 90")
@@ -251,6 +252,9 @@ def main():
         t.is_([value(series, f"pg_throttle_queue_{c}", queue="metrics_live") for c in
                ("due", "scheduled", "claimed", "dead")], [2.0, 1.0, 1.0, 0.0],
               "pg_throttle_queue_{due,scheduled,claimed,dead}{queue=metrics_live}")
+        t.is_([value(series, f"pg_throttle_queue_{c}", queue=q) for q in ("metrics_live", "metrics_paused")
+               for c in ("paused", "paused_groups")], [0.0, 1.0, 1.0, 0.0],
+              "pg_throttle_queue_{paused,paused_groups}: a paused group, a paused queue without events")
         oldest = value(series, "pg_throttle_queue_oldest_due_seconds", queue="metrics_live")
         t.ok(oldest is not None and 120 <= oldest < 600,
              "pg_throttle_queue_oldest_due_seconds: the age of the oldest due event",

@@ -16,6 +16,7 @@ promise go:
   interval or bucket shape;
 - a release whose WAL record was never flushed stays released after a
   postmaster kill (redo does not bring back the grant);
+- a paused queue or group stays paused (throttle.queue_pause is a table);
 - owners survive: after a clean restart and a crash a lease still belongs to
   the role that took it (only it may renew or unlock it), and each role's
   count of entries (its quota) is what it was; a journal written before
@@ -75,10 +76,22 @@ def clean_restarts(tap, data_dir):
            "a grant on the test clock does not hold the same resource on the real clock")
     real.close()
     before = one(conn, "SELECT count(*) FROM throttle.status WHERE kind <> 'lock'")[0]
+    # A paused queue and a paused group (rows of throttle.queue_pause).
+    one(conn, "SELECT throttle.schedule('rs.paused', 'a', throttle.now() - interval '1 hour'),"
+              "       throttle.schedule('rs.paused', 'g', throttle.now() - interval '1 hour', group_key => 'G'),"
+              "       throttle.schedule('rs.paused.g', 'h', throttle.now() - interval '1 hour', group_key => 'H'),"
+              "       throttle.pause('rs.paused'), throttle.pause('rs.paused.g', 'H')")
     conn.close()
 
     pg_ctlcluster("restart", "-m", "fast")
     conn = session()
+    tap.is_(one(conn, "SELECT (SELECT count(*) FROM throttle.claim('rs.paused', 'w')),"
+                      "       (SELECT count(*) FROM throttle.claim_group('rs.paused', 'w')),"
+                      "       (SELECT count(*) FROM throttle.claim_group('rs.paused.g', 'w'))"),
+            (0, 0, 0), "after a clean restart a paused queue and a paused group hand out nothing")
+    tap.is_(one(conn, "SELECT array_agg(queue || ':' || paused || ':' || paused_groups ORDER BY queue) "
+                      "FROM throttle.queue_metrics WHERE queue LIKE 'rs.paused%'")[0],
+            ["rs.paused:true:0", "rs.paused.g:false:1"], "and queue_metrics still shows them paused")
     tap.ok(not one(conn, "SELECT throttle.acquire('rs.job', '1 hour')")[0],
            "after a clean restart the resource is still taken")
     tap.is_(one(conn, "SELECT remaining FROM throttle.take('rs.bucket', 10, '1 second', 10, 0)")[0], 3,
@@ -471,7 +484,7 @@ def damaged_record(tap, data_dir):
 
 
 def main():
-    tap = Tap(58)
+    tap = Tap(60)
     conn = connect()
     one(conn, "CREATE EXTENSION IF NOT EXISTS pg_throttle; SELECT 1")
     data_dir = one(conn, "SHOW data_directory")[0]

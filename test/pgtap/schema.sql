@@ -80,8 +80,8 @@ SELECT is(
     ARRAY['throttle.bucket', 'throttle.concurrency_policy', 'throttle.event', 'throttle.event_attempt',
           'throttle.event_attempt_id_seq', 'throttle.event_history', 'throttle.event_id_seq',
           'throttle.group_bucket', 'throttle.group_policy', 'throttle.queue_bucket',
-          'throttle.recurring', 'throttle.resource'],
-    'pg_dump keeps declared resources and buckets, the event queue and its history, its attempts, its rate limits, its group and key concurrency and its recurring schedules');
+          'throttle.queue_pause', 'throttle.recurring', 'throttle.resource'],
+    'pg_dump keeps declared resources and buckets, the event queue and its history, its attempts, its rate limits, its group and key concurrency, its pauses and its recurring schedules');
 SELECT is((SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle'),
     (SELECT default_version FROM pg_available_extensions WHERE name = 'pg_throttle'),
     'the installed version is the default version');

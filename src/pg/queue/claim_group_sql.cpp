@@ -5,7 +5,9 @@
 // Candidates come in two passes, each read in batches of 64 along an index
 // (keyset, so a call reads only as far as the first free group): groups left
 // behind by a claim whose lease expired, then groups with due events, oldest
-// first. A group already tried in this call is skipped by a hash lookup.
+// first. A group already tried in this call is skipped by a hash lookup, and
+// so is a paused group (throttle.pause), entered in the hash before the
+// passes; a paused queue gives no group (both read with the policy).
 // Before them, expired claims of throttle.claim that hold back a due grouped
 // run of their item_key are ended (blocking_claims.hpp).
 //
@@ -245,6 +247,23 @@ bool tried_before(HTAB* tried, const text* group_key) {
     key->next = bucket->keys;
     bucket->keys = key;
     return false;
+}
+
+// The groups paused on their own (throttle.pause), counted as tried: both
+// passes skip them, their due events and their expired claims alike.
+void mark_paused_tried(HTAB* tried, ArrayType* paused_groups) {
+    if (paused_groups == nullptr) {
+        return;
+    }
+    Datum* keys = nullptr;
+    bool* nulls = nullptr;
+    int count = 0;
+    deconstruct_array(paused_groups, TEXTOID, -1, false, TYPALIGN_INT, &keys, &nulls, &count);
+    for (int i = 0; i < count; i++) {
+        if (!nulls[i]) {
+            tried_before(tried, DatumGetTextPP(keys[i]));
+        }
+    }
 }
 
 struct GroupClaim {
@@ -547,6 +566,11 @@ Datum claim_group(FunctionCallInfo fcinfo) {
     const GroupPolicy policy = group_policy_for_claim(PG_GETARG_TEXT_PP(0));
     const TimestampTz now = clock_now();
     require_ends_after(now, lease, "lease");
+    if (policy.paused) {  // throttle.pause: no group of the queue now
+        InitMaterializedSRF(fcinfo, 0);
+        SPI_finish();
+        return static_cast<Datum>(0);
+    }
     const ClaimLimits limits = claim_limits_of(PG_GETARG_TEXT_PP(0));
     const ClaimLimit& limit = limits.queue;
     if (claim_limit_available(limit, now, 1) == 0) {  // an empty bucket: no group now
@@ -568,6 +592,7 @@ Datum claim_group(FunctionCallInfo fcinfo) {
     // its item_key is ended first (blocking_claims.hpp).
     end_blocking_claims(claim.queue, now, Claimer::kClaimGroup);
     HTAB* tried = tried_groups_create();
+    mark_paused_tried(tried, policy.paused_groups);
     const SPITupleTable* rows = nullptr;
     uint64 claimed = 0;
     bool bucket_empty = false;

@@ -7,7 +7,8 @@
 // transaction holds (SKIP LOCKED):
 //  0. the highest priority of the pending events, whether any claim (of
 //     either claimer) expired, whether the queue has pending events with a
-//     concurrency_key, its bucket, and its scan floor counted again (where
+//     concurrency_key, its bucket, whether it is paused (then the claim
+//     ends with no rows), and its scan floor counted again (where
 //     the first pending event of the priority its slot tracks is:
 //     scan_floors.hpp), in one statement; the scans of that priority start
 //     at the floor;
@@ -167,18 +168,26 @@ KeptPlan expired_claims{
     "     AND (e.lease_until, e.id) >= ($9, $10)"                           \
     "   ORDER BY e.lease_until, e.id LIMIT 1) fl ON true"
 
+// And whether the whole queue is paused (throttle.pause): a probe of
+// queue_pause_key, in this statement rather than one of its own. A claim
+// whose snapshot shows the pause claims nothing.
+#define QUEUE_PAUSED                               \
+    "EXISTS (SELECT 1 FROM throttle.queue_pause p" \
+    "        WHERE p.queue = $1 AND p.group_key IS NULL)"
+
 KeptPlan claim_start{
     "SELECT " HIGHEST_PENDING_PRIORITY ", " ANY_EXPIRED_UNGROUPED_CLAIM ", " ANY_EXPIRED_CLAIM(
         "IS NOT NULL") ", " ANY_KEYED_PENDING ", " PG_THROTTLE_QUEUE_BUCKET_COLUMNS
                        ", f1.run_at, f1.id, f2.run_at, f2.id, fl.lease_until, "
-                       "fl.id" PG_THROTTLE_QUEUE_BUCKET_FROM FIRST_AT_TRACKED_PRIORITY(
-                           "f1", "$3", "$4", "$5") FIRST_AT_TRACKED_PRIORITY("f2", "$6", "$7", "$8")
-                           FIRST_CLAIM,
+                       "fl.id, " QUEUE_PAUSED PG_THROTTLE_QUEUE_BUCKET_FROM
+                           FIRST_AT_TRACKED_PRIORITY("f1", "$3", "$4", "$5")
+                               FIRST_AT_TRACKED_PRIORITY("f2", "$6", "$7", "$8") FIRST_CLAIM,
     10,
     {TEXTOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, INT8OID, INT4OID, TIMESTAMPTZOID, INT8OID,
      TIMESTAMPTZOID, INT8OID},
     nullptr};
 
+#undef QUEUE_PAUSED
 #undef FIRST_CLAIM
 #undef ANY_EXPIRED_UNGROUPED_CLAIM
 
@@ -195,7 +204,8 @@ enum StartColumn : int {
     kAnyGroupExpired = 3,
     kAnyKeyed = 4,
     kBucket = 5,  // to 8
-    kFirst = 9    // f1.run_at, f1.id, f2.run_at, f2.id, fl.lease_until, fl.id
+    kFirst = 9,   // f1.run_at, f1.id, f2.run_at, f2.id, fl.lease_until, fl.id
+    kPaused = 15
 };
 
 KeptPlan any_blocking{
@@ -369,6 +379,7 @@ struct Start {
     bool expired_found;
     bool group_expired_found;
     bool any_keyed;
+    bool paused;  // the whole queue (throttle.pause)
     ClaimLimit limit;
 };
 
@@ -423,6 +434,7 @@ Start claim_start_of(Datum queue, Datum now) {
     start.expired_found = DatumGetBool(SPI_getbinval(row, desc, kAnyExpired, &is_null));
     start.group_expired_found = DatumGetBool(SPI_getbinval(row, desc, kAnyGroupExpired, &is_null));
     start.any_keyed = DatumGetBool(SPI_getbinval(row, desc, kAnyKeyed, &is_null));
+    start.paused = DatumGetBool(SPI_getbinval(row, desc, kPaused, &is_null));
     DeclaredBucket declared{};
     text* bucket_name = nullptr;
     const bool limited = queue_bucket_in_row(row, desc, kBucket, &declared, &bucket_name);
@@ -557,8 +569,8 @@ Datum claim(FunctionCallInfo fcinfo) {
     const Start start = claim_start_of(queue, now);
     const int32 max = static_cast<int32>(
         claim_limit_available(start.limit, DatumGetTimestampTz(now), PG_GETARG_INT32(3)));
-    if (max == 0 || (!start.have_level && !start.expired_found)) {
-        InitMaterializedSRF(fcinfo, 0);  // nothing to claim
+    if (max == 0 || start.paused || (!start.have_level && !start.expired_found)) {
+        InitMaterializedSRF(fcinfo, 0);  // nothing to claim, or the queue is paused
     } else {
         if (start.group_expired_found && any_blocking_claim(queue, now)) {
             end_blocking_claims(queue, DatumGetTimestampTz(now), Claimer::kClaim);

@@ -1,4 +1,5 @@
-// throttle.group_policy as claim_group reads it (group_policy.hpp).
+// throttle.group_policy as claim_group reads it, with the queue's pauses
+// (group_policy.hpp).
 #include "pg/queue/group_policy.hpp"
 
 #include "pg/server/kept_plan.hpp"
@@ -7,10 +8,18 @@
 namespace pg_throttle::pg {
 namespace {
 
-KeptPlan policy_query{"SELECT workers, strict_order FROM throttle.group_policy WHERE queue = $1",
-                      1,
-                      {TEXTOID},
-                      nullptr};
+// One row whether or not the queue is named in throttle.group_policy (the
+// aggregate of the queue's pauses always gives one): one scan of
+// queue_pause_key for the queue's pauses, one probe of the policy.
+KeptPlan policy_query{
+    "SELECT p.workers, p.strict_order, coalesce(q.paused, false), q.groups"
+    " FROM (SELECT bool_or(q.group_key IS NULL) AS paused,"
+    "              array_agg(q.group_key) FILTER (WHERE q.group_key IS NOT NULL) AS groups"
+    "       FROM throttle.queue_pause q WHERE q.queue = $1) q"
+    " LEFT JOIN throttle.group_policy p ON p.queue = $1",
+    1,
+    {TEXTOID},
+    nullptr};
 
 }  // namespace
 
@@ -20,13 +29,19 @@ GroupPolicy group_policy_for_claim(const text* queue) {
     // claim whose snapshot predates a change must still apply the change.
     Datum args[1] = {PointerGetDatum(queue)};
     run_kept_plan_latest(&policy_query, args, nullptr, SPI_OK_SELECT, 1);
-    GroupPolicy policy{1, false};
-    if (SPI_processed == 1) {
-        bool is_null = false;
-        policy.workers =
-            DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
-        policy.strict_order =
-            DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &is_null));
+    GroupPolicy policy{1, false, false, nullptr};
+    const HeapTuple row = SPI_tuptable->vals[0];
+    const TupleDesc desc = SPI_tuptable->tupdesc;
+    bool is_null = true;
+    const Datum workers = SPI_getbinval(row, desc, 1, &is_null);
+    if (!is_null) {
+        policy.workers = DatumGetInt32(workers);
+        policy.strict_order = DatumGetBool(SPI_getbinval(row, desc, 2, &is_null));
+    }
+    policy.paused = DatumGetBool(SPI_getbinval(row, desc, 3, &is_null));
+    const Datum groups = SPI_getbinval(row, desc, 4, &is_null);
+    if (!is_null) {
+        policy.paused_groups = DatumGetArrayTypePCopy(groups);
     }
     SPI_freetuptable(SPI_tuptable);
     return policy;

@@ -1,7 +1,8 @@
 -- pg_throttle 0.3.0 -> 0.4.0 (ALTER EXTENSION pg_throttle UPDATE).
 \echo Use "ALTER EXTENSION pg_throttle UPDATE" to load this file. \quit
 
--- No table changes: a 0.3.0 dump restores into 0.4.0 as it is.
+-- One new table, throttle.queue_pause (at the end), and no change to the
+-- others: a 0.3.0 dump restores into 0.4.0 as it is.
 
 -- Ending another worker's claims takes the claims that never ran their
 -- event (a strict group's later events), which give their attempt back; an
@@ -851,3 +852,133 @@ AS 'MODULE_PATHNAME', 'pg_throttle_cron_firings'  -- src/pg/queue/cron_sql.cpp
 LANGUAGE C STABLE PARALLEL SAFE ROWS 100;
 COMMENT ON FUNCTION throttle.cron_firings(text, text, timestamptz, timestamptz, integer) IS
     'The instants after after and at most upto at which the cron expression fires in time_zone, in order, at most max of them (1 to 100000), as throttle.cron_next finds them one after another.';
+
+-- Pausing a queue, or one group of it (docs/queue.md): the pauses, the
+-- calls that set and end them, and queue_metrics' two new columns (at the
+-- end; its grants are kept).
+CREATE TABLE throttle.queue_pause (
+    queue      text NOT NULL CHECK (queue <> '' AND octet_length(queue) <= 63),
+    group_key  text CHECK (octet_length(group_key) <= 1024),
+    paused_at  timestamptz NOT NULL,
+    paused_by  text NOT NULL,
+    CONSTRAINT queue_pause_key UNIQUE NULLS NOT DISTINCT (queue, group_key)
+);
+COMMENT ON TABLE throttle.queue_pause IS
+    'Paused queues and groups (throttle.pause, throttle.resume): claim and claim_group hand out none of a paused queue''s events, claim_group none of a paused group''s; schedule still accepts them. A row per pause; a table, so a pause survives restarts and failover.';
+COMMENT ON COLUMN throttle.queue_pause.group_key IS 'The paused group of the queue; NULL: the whole queue.';
+COMMENT ON COLUMN throttle.queue_pause.paused_at IS 'When throttle.pause paused it (throttle.now()).';
+COMMENT ON COLUMN throttle.queue_pause.paused_by IS 'Who paused it: the caller of throttle.pause, as enqueued_by.';
+GRANT SELECT ON throttle.queue_pause TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('throttle.queue_pause', '');
+
+-- Pausing a queue, or one group of it: a row of throttle.queue_pause, which
+-- claim reads in the statement it starts with (claim_sql.cpp) and
+-- claim_group with its policy (group_policy.cpp). No lock is taken: a claim
+-- whose statement began before the pause committed may still hand out
+-- events, any claim after it hands out none.
+CREATE FUNCTION throttle._check_pause(queue text, group_key text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM throttle._require(queue, 'queue');
+    IF queue = '' OR octet_length(queue) > 63 THEN
+        RAISE EXCEPTION 'queue name must have 1 to 63 bytes' USING ERRCODE = 'invalid_parameter_value',
+              DETAIL = 'The queue name is also the NOTIFY channel that workers LISTEN on.';
+    END IF;
+    IF octet_length(group_key) > 1024 THEN
+        RAISE EXCEPTION 'group_key must have at most 1024 bytes' USING ERRCODE = 'invalid_parameter_value',
+              DETAIL = 'Keys are indexed; an index entry holds at most about 2700 bytes.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION throttle._check_pause(text, text) IS
+    'Internal: raises 22004 or 22023 unless the queue name and group_key are valid for pause and resume, as schedule checks them.';
+
+CREATE FUNCTION throttle.pause(queue text, group_key text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM throttle._check_pause(queue, group_key);
+    INSERT INTO throttle.queue_pause AS p (queue, group_key, paused_at, paused_by)
+    VALUES (queue, group_key, throttle.now(), throttle._caller())
+    ON CONFLICT DO NOTHING;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    RAISE NOTICE '%', CASE WHEN group_key IS NULL
+                           THEN format('queue %s is already paused', throttle._literal(queue))
+                           ELSE format('group %s of queue %s is already paused',
+                                       throttle._literal(group_key), throttle._literal(queue)) END
+          USING HINT = 'throttle.queue_pause shows since when and by whom.';
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION throttle.pause(text, text) IS
+    'Pauses a queue (group_key NULL) or one group of it: until throttle.resume, claim and claim_group hand out none of its events (nor take over its expired claims); schedule and the calls that end claims work as before. Exact from the commit on: a claim whose statement began before it may still hand out events, none after. Returns false, with a NOTICE, when it was paused already. For operators.';
+REVOKE EXECUTE ON FUNCTION throttle.pause(text, text) FROM PUBLIC;
+
+CREATE FUNCTION throttle.resume(queue text, group_key text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM throttle._check_pause(queue, group_key);
+    DELETE FROM throttle.queue_pause p
+    WHERE p.queue = resume.queue AND p.group_key IS NOT DISTINCT FROM resume.group_key;
+    IF NOT FOUND THEN
+        RAISE NOTICE '%', CASE WHEN group_key IS NULL
+                               THEN format('queue %s is not paused', throttle._literal(queue))
+                               ELSE format('group %s of queue %s is not paused',
+                                           throttle._literal(group_key), throttle._literal(queue)) END;
+        RETURN false;
+    END IF;
+    -- The workers LISTENing on the queue's channel wake: the oldest due
+    -- events it now hands out (none while the whole queue stays paused),
+    -- at most 64.
+    PERFORM pg_notify(queue, d.id::text)
+    FROM (SELECT e.id FROM throttle.event e
+          WHERE e.queue = resume.queue AND e.state = 'pending' AND e.run_at <= throttle.now()
+            AND (resume.group_key IS NULL OR e.group_key = resume.group_key)
+            AND NOT EXISTS (SELECT 1 FROM throttle.queue_pause p
+                            WHERE p.queue = e.queue
+                              AND (p.group_key IS NULL OR p.group_key = e.group_key))
+          ORDER BY e.run_at, e.id LIMIT 64) AS d;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION throttle.resume(text, text) IS
+    'Ends the pause of a queue (group_key NULL) or of one group of it, and NOTIFYs the queue''s channel with up to 64 of its oldest due events that claims now hand out, so that LISTENing workers wake. Returns false, with a NOTICE, when it was not paused (resuming the queue does not end the pauses of its groups). For operators.';
+REVOKE EXECUTE ON FUNCTION throttle.resume(text, text) FROM PUBLIC;
+
+CREATE OR REPLACE VIEW throttle.queue_metrics AS
+    WITH n AS MATERIALIZED (SELECT throttle.now() AS now),
+    m AS (
+        SELECT e.queue,
+               count(*) FILTER (WHERE e.state = 'pending' AND e.run_at <= n.now) AS due,
+               count(*) FILTER (WHERE e.state = 'pending' AND e.run_at > n.now) AS scheduled,
+               count(*) FILTER (WHERE e.state = 'claimed') AS claimed,
+               count(*) FILTER (WHERE e.state = 'claimed' AND e.lease_until <= n.now) AS claims_expired,
+               count(*) FILTER (WHERE e.state = 'dead') AS dead,
+               coalesce(extract(epoch FROM n.now - min(e.run_at) FILTER (
+                   WHERE e.state = 'pending' AND e.run_at <= n.now)), 0)::double precision
+                   AS oldest_due_seconds
+        FROM throttle.event e CROSS JOIN n
+        GROUP BY e.queue, n.now),
+    p AS (
+        SELECT q.queue, bool_or(q.group_key IS NULL) AS paused, count(q.group_key) AS paused_groups
+        FROM throttle.queue_pause q
+        GROUP BY q.queue)
+    SELECT coalesce(m.queue, p.queue) AS queue,
+           coalesce(m.due, 0) AS due,
+           coalesce(m.scheduled, 0) AS scheduled,
+           coalesce(m.claimed, 0) AS claimed,
+           coalesce(m.claims_expired, 0) AS claims_expired,
+           coalesce(m.dead, 0) AS dead,
+           coalesce(m.oldest_due_seconds, 0)::double precision AS oldest_due_seconds,
+           coalesce(p.paused, false) AS paused,
+           coalesce(p.paused_groups, 0) AS paused_groups
+    FROM m FULL JOIN p ON p.queue = m.queue;
+COMMENT ON VIEW throttle.queue_metrics IS
+    'One row per queue of this database with events in throttle.event or a pause in throttle.queue_pause: events due (pending, run_at passed; some may wait behind a claimed run of their item_key or a held group), scheduled for later, claimed, claimed whose lease has ended (a worker died or stalled; the next claim takes them over), dead, the age in seconds of the oldest due event (0 when none is due), whether the whole queue is paused and how many of its groups are. Reads the whole of throttle.event: scrape it every few seconds, not in a loop. Readable by everyone, as throttle.event is.';
