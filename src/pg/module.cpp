@@ -5,6 +5,7 @@
 #include "pg/locks/lock_waiters.hpp"
 #include "pg/locks/locks.hpp"
 #include "pg/registry/registry.hpp"
+#include "pg/queue/fair_cursors.hpp"
 #include "pg/queue/scan_floors.hpp"
 #include "pg/queue/wakeups.hpp"
 #include "pg/scale_out/arrivals.hpp"
@@ -101,6 +102,7 @@ void on_shmem_request() {
     pg_throttle::pg::lease_journal_request_shmem();
     pg_throttle::pg::arrivals_request_shmem();
     pg_throttle::pg::scan_floors_request_shmem();
+    pg_throttle::pg::fair_cursors_request_shmem();
     pg_throttle::pg::wakeups_request_shmem();
     RequestAddinShmemSpace(pg_throttle::pg::waiters_shmem_size());
 }
@@ -116,6 +118,7 @@ void on_shmem_startup() {
     pg_throttle::pg::lease_journal_attach_shmem();
     pg_throttle::pg::arrivals_attach_shmem();
     pg_throttle::pg::scan_floors_attach_shmem();
+    pg_throttle::pg::fair_cursors_attach_shmem();
     pg_throttle::pg::wakeups_attach_shmem();
     pg_throttle::pg::waiters_attach_shmem();
     LWLockRelease(AddinShmemInitLock);

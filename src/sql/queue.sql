@@ -228,12 +228,14 @@ CREATE TABLE throttle.group_policy (
     queue        text PRIMARY KEY CHECK (queue <> '' AND octet_length(queue) <= 63),
     workers      integer NOT NULL DEFAULT 1 CHECK (workers BETWEEN 1 AND 64),
     strict_order boolean NOT NULL DEFAULT false,
+    fairness     text NOT NULL DEFAULT 'oldest_first' CHECK (fairness IN ('oldest_first', 'round_robin')),
     CONSTRAINT strict_order_has_one_worker CHECK (NOT strict_order OR workers = 1)
 );
 COMMENT ON TABLE throttle.group_policy IS
-    'How claim_group hands out the groups of a queue; a queue not named here has one worker per group and no strict order.';
+    'How claim_group hands out the groups of a queue; a queue not named here has one worker per group, no strict order, and serves the oldest due event''s group first.';
 COMMENT ON COLUMN throttle.group_policy.workers IS 'How many claims may hold one group at once, 1 to 64, each with events no other holds.';
 COMMENT ON COLUMN throttle.group_policy.strict_order IS 'A group''s events run in the order they were scheduled (by id): each waits for its run_at and for every earlier event of the group to complete, die or be cancelled; a failed event holds back the later ones. Needs workers = 1.';
+COMMENT ON COLUMN throttle.group_policy.fairness IS 'Which free group claim_group serves first, after the groups of expired claims: oldest_first, the group of the oldest due event; round_robin, the due groups in turn by group_key, starting after the group served last in the queue (kept in shared memory: after a restart the cycle starts at the first key).';
 GRANT SELECT ON throttle.group_policy TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('throttle.group_policy', '');
 

@@ -5,11 +5,16 @@
 // Candidates come in two passes, each read in batches of 64 along an index
 // (keyset, so a call reads only as far as the first free group): groups left
 // behind by a claim whose lease expired, then groups with due events, oldest
-// first. A group already tried in this call is skipped by a hash lookup, and
-// so is a paused group (throttle.pause), entered in the hash before the
-// passes; a paused queue gives no group (both read with the policy).
-// Before them, expired claims of throttle.claim that hold back a due grouped
-// run of their item_key are ended (blocking_claims.hpp).
+// first; or, in a queue whose throttle.group_policy.fairness is
+// 'round_robin', the groups with due events in turn by group_key, after the
+// one served last (fair_cursors.hpp), read by a loose index scan of
+// event_groups (one descent per group, however many events it has), once
+// around: a group with 100 000 due events costs the others one look-up, not
+// a walk past its events, and is served once per turn like them. A group already tried in this call
+// is skipped by a hash lookup, and so is a paused group (throttle.pause), entered in the hash
+// before the passes; a paused queue gives no group (both read with the policy). Before them,
+// expired claims of throttle.claim that hold back a due grouped run of their item_key are ended
+// (blocking_claims.hpp).
 //
 // No row of a group is locked before the group is chosen, and then only the
 // rows the claim writes: a row lock lasts until the transaction ends, so a
@@ -63,6 +68,7 @@
 #include "pg/queue/blocking_claims.hpp"
 #include "pg/queue/claim_limit.hpp"
 #include "pg/queue/durable_commit.hpp"
+#include "pg/queue/fair_cursors.hpp"
 #include "pg/queue/event_rows.hpp"
 #include "pg/queue/group_lease.hpp"
 #include "pg/queue/group_policy.hpp"
@@ -93,6 +99,44 @@ KeptPlan due_grouped_events{
     4,
     {TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID},
     nullptr};
+
+// Round robin: the group keys of the queue ($1) with a pending event due at
+// $2, in key order, after $3 (due_groups_first: from the first key), up to
+// $4 (NULL: to the last). A recursive walk that finds each next key by one
+// descent of event_groups (a loose index scan), evaluated only as far as the
+// batch asks; each key's first due pending event looked up along
+// event_groups in run_at order (a scalar subquery, not EXISTS: a look-up
+// that stops at the first, not a join or a bitmap of every due event of the
+// group; upper(state): not event_due_grouped, which has no group_key).
+#define NEXT_KEY(bound)                               \
+    "(SELECT e.group_key FROM throttle.event e"       \
+    " WHERE e.queue = $1 AND e.group_key IS NOT NULL" \
+    "   AND e.state IN ('pending', 'claimed') " bound " ORDER BY e.group_key LIMIT 1)"
+#define DUE_GROUPS(anchor) \
+    "WITH RECURSIVE k(group_key) AS ("                                                       \
+    "  SELECT " anchor " UNION ALL"                                                          \
+    "  SELECT " NEXT_KEY("AND e.group_key > k.group_key")                                    \
+    "  FROM k WHERE k.group_key IS NOT NULL AND ($4::text IS NULL OR k.group_key < $4))"     \
+    " SELECT k.group_key FROM k"                                                             \
+    " WHERE k.group_key IS NOT NULL AND ($4::text IS NULL OR k.group_key <= $4)"             \
+    "   AND (SELECT true FROM throttle.event e"                                              \
+    "        WHERE e.queue = $1 AND e.group_key = k.group_key"                               \
+    "          AND e.group_key IS NOT NULL AND e.state IN ('pending', 'claimed')"            \
+    "          AND e.run_at <= $2 AND upper(e.state) = 'PENDING'"                            \
+    "        ORDER BY e.run_at LIMIT 1) IS TRUE"
+
+KeptPlan due_groups_after{DUE_GROUPS(NEXT_KEY("AND e.group_key > $3")),
+                          4,
+                          {TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID},
+                          nullptr};
+
+KeptPlan due_groups_first{DUE_GROUPS(NEXT_KEY("AND $3::text IS NULL")),
+                          4,
+                          {TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID},
+                          nullptr};
+
+#undef DUE_GROUPS
+#undef NEXT_KEY
 
 // Fragments of the statements below, with e the event and $1, $2, $3 the
 // queue, the group_key and now. GROUP_EVENTS: the group's events that are
@@ -538,6 +582,58 @@ uint64 claim_from_pass(const GroupClaim& claim, KeptPlan* pass, HTAB* tried,
     }
 }
 
+// Round robin (fairness = 'round_robin'): the groups with due events after
+// the one served last, then from the first key up to it (once around, so
+// the group served last comes again only when no other is free), each not
+// tried yet offered to claim_one_group; the one claimed is the queue's
+// cursor from now on. Stops at an empty bucket (`*bucket_empty`).
+uint64 claim_round_robin(const GroupClaim& claim, HTAB* tried, const SPITupleTable** rows,
+                         bool* bucket_empty) {
+    const text* queue = DatumGetTextPP(claim.queue);
+    const text* cursor = fair_cursor_of(queue);
+    for (int turn = 0; turn < 2; turn++) {
+        if (turn == 1 && cursor == nullptr) {
+            break;  // no cursor: the first turn went from the first key to the last
+        }
+        const text* after = turn == 0 ? cursor : nullptr;  // nullptr: from the first key
+        const text* upto = turn == 0 ? nullptr : cursor;   // nullptr: to the last
+        for (;;) {
+            Datum args[4] = {claim.queue, TimestampTzGetDatum(claim.now), PointerGetDatum(after),
+                             PointerGetDatum(upto)};
+            const char nulls[4] = {' ', ' ', after == nullptr ? 'n' : ' ',
+                                   upto == nullptr ? 'n' : ' '};
+            run_kept_plan(after == nullptr ? &due_groups_first : &due_groups_after, args, nulls,
+                          SPI_OK_SELECT, kCandidateBatch);
+            SPITupleTable* candidates = SPI_tuptable;  // the claims below run other statements
+            const uint64 count = SPI_processed;
+            for (uint64 i = 0; i < count; i++) {
+                bool is_null = true;
+                const text* group_key = DatumGetTextPP(
+                    SPI_getbinval(candidates->vals[i], candidates->tupdesc, 1, &is_null));
+                if (tried_before(tried, group_key)) {
+                    continue;
+                }
+                const uint64 claimed = claim_one_group(claim, group_key, rows, bucket_empty);
+                if (claimed > 0) {
+                    fair_cursor_store(queue, group_key);
+                    return claimed;
+                }
+                if (*bucket_empty) {
+                    return 0;
+                }
+            }
+            if (count < static_cast<uint64>(kCandidateBatch)) {
+                break;  // this turn's keys are all read
+            }
+            bool is_null = true;
+            after = DatumGetTextPCopy(
+                SPI_getbinval(candidates->vals[count - 1], candidates->tupdesc, 1, &is_null));
+            SPI_freetuptable(candidates);
+        }
+    }
+    return 0;
+}
+
 // (queue text, worker text, lease interval, max integer) -> SETOF throttle.event
 Datum claim_group(FunctionCallInfo fcinfo) {
     standby_refuse("throttle.claim_group");
@@ -597,7 +693,9 @@ Datum claim_group(FunctionCallInfo fcinfo) {
     uint64 claimed = 0;
     bool bucket_empty = false;
     for (KeptPlan* pass : {&expired_group_claims, &due_grouped_events}) {
-        claimed = claim_from_pass(claim, pass, tried, &rows, &bucket_empty);
+        claimed = pass == &due_grouped_events && policy.round_robin
+                      ? claim_round_robin(claim, tried, &rows, &bucket_empty)
+                      : claim_from_pass(claim, pass, tried, &rows, &bucket_empty);
         if (claimed > 0 || bucket_empty) {
             break;
         }

@@ -12,7 +12,8 @@ namespace {
 // aggregate of the queue's pauses always gives one): one scan of
 // queue_pause_key for the queue's pauses, one probe of the policy.
 KeptPlan policy_query{
-    "SELECT p.workers, p.strict_order, coalesce(q.paused, false), q.groups"
+    "SELECT p.workers, p.strict_order, coalesce(q.paused, false), q.groups,"
+    "       p.fairness = 'round_robin'"
     " FROM (SELECT bool_or(q.group_key IS NULL) AS paused,"
     "              array_agg(q.group_key) FILTER (WHERE q.group_key IS NOT NULL) AS groups"
     "       FROM throttle.queue_pause q WHERE q.queue = $1) q"
@@ -29,7 +30,7 @@ GroupPolicy group_policy_for_claim(const text* queue) {
     // claim whose snapshot predates a change must still apply the change.
     Datum args[1] = {PointerGetDatum(queue)};
     run_kept_plan_latest(&policy_query, args, nullptr, SPI_OK_SELECT, 1);
-    GroupPolicy policy{1, false, false, nullptr};
+    GroupPolicy policy{1, false, false, false, nullptr};
     const HeapTuple row = SPI_tuptable->vals[0];
     const TupleDesc desc = SPI_tuptable->tupdesc;
     bool is_null = true;
@@ -37,6 +38,7 @@ GroupPolicy group_policy_for_claim(const text* queue) {
     if (!is_null) {
         policy.workers = DatumGetInt32(workers);
         policy.strict_order = DatumGetBool(SPI_getbinval(row, desc, 2, &is_null));
+        policy.round_robin = DatumGetBool(SPI_getbinval(row, desc, 5, &is_null));
     }
     policy.paused = DatumGetBool(SPI_getbinval(row, desc, 3, &is_null));
     const Datum groups = SPI_getbinval(row, desc, 4, &is_null);

@@ -10,13 +10,14 @@ namespace pg_throttle::pg {
 struct GroupPolicy {
     int32 workers;             // how many claims may hold one group at once
     bool strict_order;         // events in id order, a failed one holding back the rest
+    bool round_robin;          // fairness = 'round_robin': due groups in turn (fair_cursors.hpp)
     bool paused;               // the whole queue is paused: no group is handed out
     ArrayType* paused_groups;  // the groups paused on their own (text[]); nullptr: none
 };
 
 // Takes the policy lock shared and reads the policy of `queue` as the last
-// committed change left it (also under repeatable read): one worker and no
-// strict order when the queue is not named. The pauses come from the same
+// committed change left it (also under repeatable read): one worker, no
+// strict order and oldest first when the queue is not named. The pauses come from the same
 // statement, as the last committed pause or resume left them (no lock: a
 // pause that commits while a claim runs binds the claims after it).
 // Inside SPI_connect; paused_groups is allocated in the current memory

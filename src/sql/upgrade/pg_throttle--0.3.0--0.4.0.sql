@@ -1,8 +1,9 @@
 -- pg_throttle 0.3.0 -> 0.4.0 (ALTER EXTENSION pg_throttle UPDATE).
 \echo Use "ALTER EXTENSION pg_throttle UPDATE" to load this file. \quit
 
--- One new table, throttle.queue_pause (at the end), and no change to the
--- others: a 0.3.0 dump restores into 0.4.0 as it is.
+-- One new table, throttle.queue_pause (at the end), and one new column of
+-- throttle.group_policy, fairness (with a default; at the end): a 0.3.0
+-- dump restores into 0.4.0 as it is (pg_dump names the columns it copies).
 
 -- Ending another worker's claims takes the claims that never ran their
 -- event (a strict group's later events), which give their attempt back; an
@@ -982,3 +983,11 @@ CREATE OR REPLACE VIEW throttle.queue_metrics AS
     FROM m FULL JOIN p ON p.queue = m.queue;
 COMMENT ON VIEW throttle.queue_metrics IS
     'One row per queue of this database with events in throttle.event or a pause in throttle.queue_pause: events due (pending, run_at passed; some may wait behind a claimed run of their item_key or a held group), scheduled for later, claimed, claimed whose lease has ended (a worker died or stalled; the next claim takes them over), dead, the age in seconds of the oldest due event (0 when none is due), whether the whole queue is paused and how many of its groups are. Reads the whole of throttle.event: scrape it every few seconds, not in a loop. Readable by everyone, as throttle.event is.';
+
+-- Fair claims between groups (throttle.group_policy.fairness): a column at
+-- the end, as a fresh install has it.
+ALTER TABLE throttle.group_policy
+    ADD COLUMN fairness text NOT NULL DEFAULT 'oldest_first' CHECK (fairness IN ('oldest_first', 'round_robin'));
+COMMENT ON TABLE throttle.group_policy IS
+    'How claim_group hands out the groups of a queue; a queue not named here has one worker per group, no strict order, and serves the oldest due event''s group first.';
+COMMENT ON COLUMN throttle.group_policy.fairness IS 'Which free group claim_group serves first, after the groups of expired claims: oldest_first, the group of the oldest due event; round_robin, the due groups in turn by group_key, starting after the group served last in the queue (kept in shared memory: after a restart the cycle starts at the first key).';
