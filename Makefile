@@ -104,7 +104,7 @@ soak:
 	/usr/bin/python3 test/soak/soak.py --cycles $(SOAK_CYCLES) --summary build/soak.json
 
 # Benchmarks against SELECT 1 and the SQL recipes (bench/run.sh).
-.PHONY: bench bench-versions bench-bound bench-real bench-sustained bench-wakeups
+.PHONY: bench bench-versions bench-bound bench-real bench-sustained bench-wakeups bench-fairness
 bench:
 	bash bench/run.sh
 
@@ -121,6 +121,11 @@ bench-bound:
 # (bench/wakeups.sh, part of make bench).
 bench-wakeups:
 	bash bench/run.sh --only wakeups
+
+# Fair claims between tenants: small tenants' lateness behind a big one,
+# oldest first against round robin, alone (bench/fairness.sh, part of make bench).
+bench-fairness:
+	bash bench/run.sh --only fairness
 
 # Queues as they really run, alone (bench/queue-real.sh, part of make bench).
 bench-real:

@@ -12,6 +12,8 @@
 # bench/queue-bound.sh (what bounds a claim: one worker, with claims in force),
 # bench/wakeups.sh (idle LISTENing workers: lateness after a run_at ahead, a
 # backoff, a lease's end, against polling),
+# bench/fairness.sh (small tenants' lateness behind a big one, claim_group
+# oldest first against round robin),
 # bench/status_scan.sh (grants while sessions loop over throttle.status) and
 # bench/scale.sh (1 000 000 live keys: memory per entry and throughput).
 # Each hot-path ratio to SELECT 1 is compared with its best of the last five
@@ -51,3 +53,4 @@ bash "$ROOT/bench/queue-node.sh"
 bash "$ROOT/bench/queue-real.sh"
 bash "$ROOT/bench/queue-bound.sh"
 bash "$ROOT/bench/wakeups.sh"
+bash "$ROOT/bench/fairness.sh"
