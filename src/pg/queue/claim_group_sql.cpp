@@ -10,11 +10,12 @@
 // one served last (fair_cursors.hpp), read by a loose index scan of
 // event_groups (one descent per group, however many events it has), once
 // around: a group with 100 000 due events costs the others one look-up, not
-// a walk past its events, and is served once per turn like them. A group already tried in this call
-// is skipped by a hash lookup, and so is a paused group (throttle.pause), entered in the hash
-// before the passes; a paused queue gives no group (both read with the policy). Before them,
-// expired claims of throttle.claim that hold back a due grouped run of their item_key are ended
-// (blocking_claims.hpp).
+// a walk past its events, and is served once per turn like them. A group
+// already tried in this call is skipped by a hash lookup, and so is a paused
+// group (throttle.pause), entered in the hash before the passes; a paused
+// queue gives no group (both read with the policy). Before them, expired
+// claims of throttle.claim that hold back a due grouped run of their
+// item_key are ended (blocking_claims.hpp).
 //
 // No row of a group is locked before the group is chosen, and then only the
 // rows the claim writes: a row lock lasts until the transaction ends, so a
@@ -68,8 +69,8 @@
 #include "pg/queue/blocking_claims.hpp"
 #include "pg/queue/claim_limit.hpp"
 #include "pg/queue/durable_commit.hpp"
-#include "pg/queue/fair_cursors.hpp"
 #include "pg/queue/event_rows.hpp"
+#include "pg/queue/fair_cursors.hpp"
 #include "pg/queue/group_lease.hpp"
 #include "pg/queue/group_policy.hpp"
 #include "pg/queue/mark_claimed.hpp"
