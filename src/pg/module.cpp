@@ -97,8 +97,7 @@ Oid database_needed_alone(Node* statement) {
         }
     }
     const Oid database = name == nullptr ? InvalidOid : get_database_oid(name, true);
-    return database != InvalidOid && may_take_alone(database, as_template) ? database
-                                                                            : InvalidOid;
+    return database != InvalidOid && may_take_alone(database, as_template) ? database : InvalidOid;
 }
 
 bool is_commit_prepared(Node* statement) {
@@ -107,8 +106,8 @@ bool is_commit_prepared(Node* statement) {
 }
 
 void run_standard(PlannedStmt* pstmt, const char* query_string, bool read_only_tree,
-                  ProcessUtilityContext context, ParamListInfo params,
-                  QueryEnvironment* query_env, DestReceiver* dest, QueryCompletion* qc) {
+                  ProcessUtilityContext context, ParamListInfo params, QueryEnvironment* query_env,
+                  DestReceiver* dest, QueryCompletion* qc) {
     if (previous_process_utility != nullptr) {
         previous_process_utility(pstmt, query_string, read_only_tree, context, params, query_env,
                                  dest, qc);
@@ -137,10 +136,7 @@ void on_process_utility(PlannedStmt* pstmt, const char* query_string, bool read_
     } else {
         pg_throttle::pg::wakeups_hold(alone);
         PG_TRY();
-        {
-            run_standard(pstmt, query_string, read_only_tree, context, params, query_env, dest,
-                         qc);
-        }
+        { run_standard(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc); }
         PG_CATCH();
         {
             pg_throttle::pg::wakeups_release(alone, false);  // it failed: the waker comes back
@@ -150,8 +146,7 @@ void on_process_utility(PlannedStmt* pstmt, const char* query_string, bool read_
         pg_throttle::pg::wakeups_release(alone, IsA(statement, DropdbStmt));
         if (IsA(statement, CreatedbStmt)) {
             pg_throttle::pg::wakeups_want_copy(
-                alone,
-                get_database_oid(reinterpret_cast<CreatedbStmt*>(statement)->dbname, true));
+                alone, get_database_oid(reinterpret_cast<CreatedbStmt*>(statement)->dbname, true));
         }
     }
     if (discard_all) {

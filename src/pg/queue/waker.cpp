@@ -139,16 +139,14 @@ Oid announce_function() {
     }
     Oid types[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
     oidvector* args = buildoidvector(types, 2);
-    HeapTuple tuple =
-        SearchSysCache3(PROCNAMEARGSNSP, CStringGetDatum("_announce_due"), PointerGetDatum(args),
-                        ObjectIdGetDatum(schema));
+    HeapTuple tuple = SearchSysCache3(PROCNAMEARGSNSP, CStringGetDatum("_announce_due"),
+                                      PointerGetDatum(args), ObjectIdGetDatum(schema));
     if (!HeapTupleIsValid(tuple)) {
         return InvalidOid;
     }
     const Oid function = reinterpret_cast<Form_pg_proc>(GETSTRUCT(tuple))->oid;
     ReleaseSysCache(tuple);
-    return getExtensionOfObject(ProcedureRelationId, function) == extension ? function
-                                                                           : InvalidOid;
+    return getExtensionOfObject(ProcedureRelationId, function) == extension ? function : InvalidOid;
 }
 
 // One pass: NOTIFYs what fell due in (after, upto]; answers the next instant
@@ -219,8 +217,7 @@ void pg_throttle_waker_main(Datum slot) {
     SetConfigOption("lock_timeout", "100ms", PGC_SUSET, PGC_S_OVERRIDE);
     SetConfigOption("idle_in_transaction_session_timeout", "0", PGC_SUSET, PGC_S_OVERRIDE);
     SetConfigOption("default_transaction_read_only", "off", PGC_SUSET, PGC_S_OVERRIDE);
-    SetConfigOption("default_transaction_isolation", "read committed", PGC_SUSET,
-                    PGC_S_OVERRIDE);
+    SetConfigOption("default_transaction_isolation", "read committed", PGC_SUSET, PGC_S_OVERRIDE);
 
     WakeupSlot& mine = my_slot();
     TimestampTz idle_since = GetCurrentTimestamp();
@@ -235,8 +232,7 @@ void pg_throttle_waker_main(Datum slot) {
                 proc_exit(0);
             }
         }
-        const TimestampTz hinted =
-            instant_of(pg_atomic_exchange_u64(&mine.hinted, kNothingAhead));
+        const TimestampTz hinted = instant_of(pg_atomic_exchange_u64(&mine.hinted, kNothingAhead));
         if (hinted <= after) {
             after = hinted - 1;  // committed after a pass that ran past it
         }

@@ -145,16 +145,15 @@ void start_wanted() {
         WakeupSlot& slot = wakeups_shared()->slots[i];
         to_start[i] = InvalidOid;
         failed[i] = InvalidOid;
-        if (slot.starting && !slot.running &&
-            (now - slot.started_at > kStartTimeout || gone[i])) {
+        if (slot.starting && !slot.running && (now - slot.started_at > kStartTimeout || gone[i])) {
             slot.starting = false;  // it could not connect: again after a back-off
             slot.wanted = true;
             wakeup_slot_failed(&slot, now);
             failed[i] = slot.dbid;
         }
         const TimestampTz planned = instant_of(pg_atomic_read_u64(&slot.planned));
-        if (slot.dbid != InvalidOid && !slot.running && !slot.starting &&
-            planned != DT_NOEND && planned - kStartAhead <= now) {
+        if (slot.dbid != InvalidOid && !slot.running && !slot.starting && planned != DT_NOEND &&
+            planned - kStartAhead <= now) {
             slot.wanted = true;
         }
         if (slot.dbid != InvalidOid && slot.wanted && !slot.running && !slot.starting &&
