@@ -142,7 +142,7 @@ def databases_apart(tap, server, conn):
     here.close()
     there.close()
     # The statements that need a database alone, while it has a waker.
-    schedule(other, "shared", "later", 3600)
+    schedule(other, "shared", "later", 50)  # within a minute: the waker stays (further, it leaves)
     other.close()
     admin = server.connect()
     time.sleep(0.5)

@@ -145,8 +145,9 @@ def forced_drop(tap, server):
     conn.cursor().execute("CREATE EXTENSION pg_throttle")
     # Enough priorities ahead that a pass lasts about a second: the drop comes during one
     # (on an idle machine the waker may otherwise be gone before the drop looks).
+    # Within a minute, so that the waker stays (one whose next instant is further leaves).
     conn.cursor().execute("SELECT count(throttle.schedule('q', 'p' || i, now() + interval "
-                          "'1 day', priority => i)) FROM generate_series(1, 50000) i")
+                          "'50 seconds', priority => i)) FROM generate_series(1, 50000) i")
     time.sleep(2)
     has_waker = waker_of(admin, "forced")
     schedule(conn, "q", "k", 0.2)
