@@ -42,6 +42,7 @@ main)
     run_suite schedule-batch prove prove --verbose test/integration/schedule_batch.py || status=1
     # Servers of its own (a primary it crashes and restarts, and a standby it promotes).
     run_suite wakeups prove prove --verbose test/integration/wakeups.py || status=1
+    run_suite wakeups-review prove prove --verbose test/integration/wakeups_review.py || status=1
     run_suite recurring prove prove --verbose test/integration/recurring.py || status=1
     run_suite queue-rate prove prove --verbose test/integration/queue_rate.py || status=1
     run_suite queue-history prove prove --verbose test/integration/queue_history.py || status=1

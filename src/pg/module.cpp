@@ -19,8 +19,12 @@
 #include "pg/registry/standby.hpp"
 
 extern "C" {
+#include "catalog/pg_authid.h"
+#include "catalog/pg_database.h"
 #include "commands/defrem.h"
 #include "tcop/utility.h"
+#include "utils/acl.h"
+#include "utils/syscache.h"
 }
 
 extern "C" {
@@ -34,11 +38,41 @@ shmem_request_hook_type previous_shmem_request = nullptr;
 shmem_startup_hook_type previous_shmem_startup = nullptr;
 ProcessUtility_hook_type previous_process_utility = nullptr;
 
+// Whether the current role may run `statement` on `database` as far as
+// PostgreSQL's own checks go (its owner, or a superuser; for a template, a
+// role with CREATEDB and a template or its own database): a statement that
+// will be refused sends no waker away.
+bool may_take_alone(Oid database, bool as_template) {
+    if (superuser()) {
+        return true;
+    }
+    HeapTuple tuple = SearchSysCache1(DATABASEOID, ObjectIdGetDatum(database));
+    if (!HeapTupleIsValid(tuple)) {
+        return false;
+    }
+    const auto* db = reinterpret_cast<Form_pg_database>(GETSTRUCT(tuple));
+    const bool owner = has_privs_of_role(GetUserId(), db->datdba);
+    const bool is_template = db->datistemplate;
+    ReleaseSysCache(tuple);
+    if (!as_template) {
+        return owner;
+    }
+    HeapTuple role = SearchSysCache1(AUTHOID, ObjectIdGetDatum(GetUserId()));
+    if (!HeapTupleIsValid(role)) {
+        return false;
+    }
+    const bool createdb = reinterpret_cast<Form_pg_authid>(GETSTRUCT(role))->rolcreatedb;
+    ReleaseSysCache(role);
+    return createdb && (is_template || owner);
+}
+
 // The database a statement needs without other connections (its waker's
 // among them), or InvalidOid: DROP DATABASE, ALTER DATABASE ... RENAME or
-// SET TABLESPACE, and the template of CREATE DATABASE.
+// SET TABLESPACE, and the template of CREATE DATABASE; only when the role
+// may run it.
 Oid database_needed_alone(Node* statement) {
     const char* name = nullptr;
+    bool as_template = false;
     if (IsA(statement, DropdbStmt)) {
         name = reinterpret_cast<DropdbStmt*>(statement)->dbname;
     } else if (IsA(statement, RenameStmt) &&
@@ -54,6 +88,7 @@ Oid database_needed_alone(Node* statement) {
         }
     } else if (IsA(statement, CreatedbStmt)) {
         name = "template1";
+        as_template = true;
         ListCell* cell = nullptr;
         foreach (cell, reinterpret_cast<CreatedbStmt*>(statement)->options) {
             auto* option = static_cast<DefElem*>(lfirst(cell));
@@ -62,23 +97,18 @@ Oid database_needed_alone(Node* statement) {
             }
         }
     }
-    return name == nullptr ? InvalidOid : get_database_oid(name, true);
+    const Oid database = name == nullptr ? InvalidOid : get_database_oid(name, true);
+    return database != InvalidOid && may_take_alone(database, as_template) ? database : InvalidOid;
 }
 
-// DISCARD ALL, which poolers send between clients, releases this session's
-// locks as it releases advisory locks. After the command: a DISCARD ALL
-// that fails (inside a transaction block) releases nothing. A statement
-// that needs a database without other connections first sends its waker
-// away (wakeups.hpp); a failed one lets it come back after 30 s. Holds
-// only trivially destructible objects: the standard processing may raise.
-void on_process_utility(PlannedStmt* pstmt, const char* query_string, bool read_only_tree,
-                        ProcessUtilityContext context, ParamListInfo params,
-                        QueryEnvironment* query_env, DestReceiver* dest, QueryCompletion* qc) {
-    Node* statement = pstmt->utilityStmt;
-    const bool discard_all = IsA(statement, DiscardStmt) &&
-                             reinterpret_cast<DiscardStmt*>(statement)->target == DISCARD_ALL;
-    const Oid alone = database_needed_alone(statement);
-    pg_throttle::pg::wakeups_hold(alone);
+bool is_commit_prepared(Node* statement) {
+    return IsA(statement, TransactionStmt) &&
+           reinterpret_cast<TransactionStmt*>(statement)->kind == TRANS_STMT_COMMIT_PREPARED;
+}
+
+void run_standard(PlannedStmt* pstmt, const char* query_string, bool read_only_tree,
+                  ProcessUtilityContext context, ParamListInfo params, QueryEnvironment* query_env,
+                  DestReceiver* dest, QueryCompletion* qc) {
     if (previous_process_utility != nullptr) {
         previous_process_utility(pstmt, query_string, read_only_tree, context, params, query_env,
                                  dest, qc);
@@ -86,10 +116,46 @@ void on_process_utility(PlannedStmt* pstmt, const char* query_string, bool read_
         standard_ProcessUtility(pstmt, query_string, read_only_tree, context, params, query_env,
                                 dest, qc);
     }
+}
+
+// DISCARD ALL, which poolers send between clients, releases this session's
+// locks as it releases advisory locks. After the command: a DISCARD ALL
+// that fails (inside a transaction block) releases nothing. A statement
+// that needs a database without other connections first sends its waker
+// away (wakeups.hpp), and lets it come back when it ends, failed or not.
+// COMMIT PREPARED asks for a pass from the start. Holds only trivially
+// destructible objects: the standard processing may raise.
+void on_process_utility(PlannedStmt* pstmt, const char* query_string, bool read_only_tree,
+                        ProcessUtilityContext context, ParamListInfo params,
+                        QueryEnvironment* query_env, DestReceiver* dest, QueryCompletion* qc) {
+    Node* statement = pstmt->utilityStmt;
+    const bool discard_all = IsA(statement, DiscardStmt) &&
+                             reinterpret_cast<DiscardStmt*>(statement)->target == DISCARD_ALL;
+    const Oid alone = database_needed_alone(statement);
+    if (alone == InvalidOid) {
+        run_standard(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc);
+    } else {
+        pg_throttle::pg::wakeups_hold(alone);
+        PG_TRY();
+        { run_standard(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc); }
+        PG_CATCH();
+        {
+            pg_throttle::pg::wakeups_release(alone, false);  // it failed: the waker comes back
+            PG_RE_THROW();
+        }
+        PG_END_TRY();
+        pg_throttle::pg::wakeups_release(alone, IsA(statement, DropdbStmt));
+        if (IsA(statement, CreatedbStmt)) {
+            pg_throttle::pg::wakeups_want_copy(
+                alone, get_database_oid(reinterpret_cast<CreatedbStmt*>(statement)->dbname, true));
+        }
+    }
     if (discard_all) {
         pg_throttle::pg::lock_release_session_locks();
     }
-    pg_throttle::pg::wakeups_release(alone, IsA(statement, DropdbStmt));
+    if (is_commit_prepared(statement)) {
+        pg_throttle::pg::wakeups_pass_from_the_start();
+    }
 }
 
 void on_shmem_request() {

@@ -28,6 +28,7 @@ from tap import Tap  # noqa: E402
 DB = "pgt_pause"
 OTHER_DB = "pgt_pause_other"
 ROLE = "pgt_pause_worker"
+PASSWORD = "pause-test-password"
 CLOCK = "2030-01-01 12:00:00+00"
 
 
@@ -79,7 +80,7 @@ def main():
     _, other = fresh_database(OTHER_DB)
     with admin.cursor() as cur:
         cur.execute(f"DROP ROLE IF EXISTS {ROLE}")
-        cur.execute(f"CREATE ROLE {ROLE} LOGIN")
+        cur.execute(f"CREATE ROLE {ROLE} LOGIN PASSWORD '{PASSWORD}'")
     c = at_clock(DB)
 
     # 1-5: pause a queue; claims hand out nothing, schedule accepts.
@@ -181,7 +182,7 @@ def main():
             ("22023", "group_key must have at most 1024 bytes"), "a group_key of 1025 bytes: 22023")
 
     # 29-32: privileges.
-    w = connect(dbname=DB, user=ROLE)
+    w = connect(dbname=DB, user=ROLE, password=PASSWORD)
     tap.is_(sql_error(w, "SELECT throttle.pause('p.q')")[0], "42501", "an ordinary role may not pause: 42501")
     tap.is_(sql_error(w, "SELECT throttle.resume('p.g', 'X')")[0], "42501", "nor resume: 42501")
     rows(c, "SELECT throttle.pause('p.priv')")

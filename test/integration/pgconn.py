@@ -3,6 +3,7 @@ import os
 import re
 import subprocess
 import tempfile
+import time
 
 import psycopg2
 
@@ -89,3 +90,21 @@ def most_at_once(spans):
         now += step
         best = max(best, now)
     return best
+
+
+def set_wakeups(admin, on):
+    """Turns the wake-ups (pg_throttle.wakeups, a reload setting) on or off with ALTER SYSTEM,
+    and waits until a new session sees it and the wakers have had their reload: a test that
+    checks what a call NOTIFYs itself, or fires recurring schedules by hand under the test
+    clock, runs with them off."""
+    cur = admin.cursor()
+    cur.execute("ALTER SYSTEM SET pg_throttle.wakeups = %s" % ("on" if on else "off"))
+    cur.execute("SELECT pg_reload_conf()")
+    for _ in range(100):
+        probe = connect()
+        seen = one(probe, "SHOW pg_throttle.wakeups")[0]
+        probe.close()
+        if seen == ("on" if on else "off"):
+            break
+        time.sleep(0.05)
+    time.sleep(0.5)

@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from cluster import execute  # noqa: E402
-from pgconn import connect, one, sql_error  # noqa: E402
+from pgconn import connect, one, set_wakeups, sql_error  # noqa: E402
 from tap import Tap  # noqa: E402
 
 PROMPT = 3.0  # seconds: a call that takes longer waited for a row lock
@@ -96,23 +96,6 @@ def behind_open_extend(claim, sql, linger):
     finally:
         worker.close()
         extender.close()
-
-
-def set_wakeups(admin, on):
-    """Turns the wake-ups (pg_throttle.wakeups, a reload setting) on or off, and waits until a
-    new session sees it: a check of what a call NOTIFYs itself runs with them off, else the
-    waker's NOTIFY of the same event comes too."""
-    cur = admin.cursor()
-    cur.execute("ALTER SYSTEM SET pg_throttle.wakeups = %s" % ("on" if on else "off"))
-    cur.execute("SELECT pg_reload_conf()")
-    for _ in range(100):
-        probe = connect()
-        seen = one(probe, "SHOW pg_throttle.wakeups")[0]
-        probe.close()
-        if seen == ("on" if on else "off"):
-            break
-        time.sleep(0.05)
-    time.sleep(0.3)  # the waker's own reload
 
 
 def heard(listener, wait=5):

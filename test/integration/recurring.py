@@ -17,24 +17,10 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pgconn import connect, fresh_database, one, sql_error  # noqa: E402
+from pgconn import connect, fresh_database, one, set_wakeups, sql_error  # noqa: E402
 from tap import Tap  # noqa: E402
 
 DB = "recurring_test"
-
-
-def set_wakeups(admin, on):
-    cur = admin.cursor()
-    cur.execute("ALTER SYSTEM SET pg_throttle.wakeups = %s" % ("on" if on else "off"))
-    cur.execute("SELECT pg_reload_conf()")
-    for _ in range(100):
-        probe = connect()
-        seen = one(probe, "SHOW pg_throttle.wakeups")[0]
-        probe.close()
-        if seen == ("on" if on else "off"):
-            break
-        time.sleep(0.05)
-    time.sleep(0.5)  # the wakers' own reload: they exit
 
 
 def at(cur, clock):

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Wake-ups at the due time: a worker that only LISTENs hears of every event when it falls due,
 not only when it is scheduled due:
-- a run_at ahead, the end of a retry's backoff, the end of a claim's lease (with and without a
+- a run_at ahead (also more than a minute ahead, when the waker has left its worker slot and
+  the launcher starts one before the instant), the end of a retry's backoff, the end of a claim's lease (with and without a
   group_key), each announced at its instant, never before it;
 - a transaction that commits after its event's run_at: announced as it commits;
 - each database's channel hears its own events only;
@@ -85,6 +86,27 @@ def heard_on_time(tap, listener, event, name):
            f"heard {None if at is None else round(at - instant, 3)} s after it")
 
 
+def far_ahead_begin(server):
+    """An event 63 s ahead, alone in its database: the waker passes, leaves its worker slot (its
+    next instant is more than a minute away), and the launcher starts one before the instant."""
+    server.connect().cursor().execute("CREATE DATABASE far")
+    conn = server.connect("far")
+    conn.cursor().execute("CREATE EXTENSION pg_throttle")
+    listener = Listener(server, "far", "far")
+    event = schedule(conn, "far", "f", 63.0)
+    conn.close()
+    return listener, event
+
+
+def far_ahead_end(tap, server, listener, event):
+    listener.wait(max(0.5, event[1] + LATE - time.time()))
+    heard_on_time(tap, listener, event, "an event 63 s ahead, whose waker left meanwhile")
+    listener.close()
+    admin = server.connect()
+    admin.cursor().execute("DROP DATABASE far")
+    admin.close()
+
+
 def due_time(tap, server, conn):
     # A retry's backoff, a claim's lease, a group's lease (their schedule, due, is announced by
     # schedule itself: before the listener listens).
@@ -142,7 +164,7 @@ def databases_apart(tap, server, conn):
     here.close()
     there.close()
     # The statements that need a database alone, while it has a waker.
-    schedule(other, "shared", "later", 3600)
+    schedule(other, "shared", "later", 50)  # within a minute: the waker stays (further, it leaves)
     other.close()
     admin = server.connect()
     time.sleep(0.5)
@@ -343,7 +365,7 @@ def privileges(tap, server):
 
 
 def main():
-    tap = Tap(42)
+    tap = Tap(44)
     port = int(os.environ.get("PGPORT", "5432")) + 20
     directory = tempfile.mkdtemp(prefix="pg_throttle_wakeups.")
     os.chmod(directory, 0o755)
@@ -355,12 +377,17 @@ def main():
         server.connect().cursor().execute(f"CREATE DATABASE {DB}")
         conn = server.connect(DB)
         conn.cursor().execute("CREATE EXTENSION pg_throttle")
+        far = far_ahead_begin(server)
+        time.sleep(2)
+        tap.ok(not waker_of(server.connect(), "far"),
+               "a waker whose next instant is over a minute away leaves its worker slot")
         due_time(tap, server, conn)
         databases_apart(tap, server, conn)
         conn.close()
         switched_off(tap, server)
         drop_extension_mid_pass(tap, server)
         privileges(tap, server)
+        far_ahead_end(tap, server, *far)
         ticks = server.connect(DB)
         ticks.cursor().execute("INSERT INTO throttle.recurring (name, queue, cron, catch_up, "
                                "catch_up_window) VALUES ('tick', 'ticks', '* * * * * *', 'all', "

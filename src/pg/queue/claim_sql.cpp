@@ -46,6 +46,7 @@
 #include "pg/server/boundary.hpp"
 #include "pg/server/catalog.hpp"
 #include "pg/server/clock.hpp"
+#include "pg/queue/group_policy.hpp"
 #include "pg/server/kept_plan.hpp"
 #include "pg/queue/blocking_claims.hpp"
 #include "pg/queue/claim_limit.hpp"
@@ -175,18 +176,28 @@ KeptPlan expired_claims{
     "EXISTS (SELECT 1 FROM throttle.queue_pause p" \
     "        WHERE p.queue = $1 AND p.group_key IS NULL)"
 
-KeptPlan claim_start{
-    "SELECT " HIGHEST_PENDING_PRIORITY ", " ANY_EXPIRED_UNGROUPED_CLAIM ", " ANY_EXPIRED_CLAIM(
-        "IS NOT NULL") ", " ANY_KEYED_PENDING ", " PG_THROTTLE_QUEUE_BUCKET_COLUMNS
-                       ", f1.run_at, f1.id, f2.run_at, f2.id, fl.lease_until, "
-                       "fl.id, " QUEUE_PAUSED PG_THROTTLE_QUEUE_BUCKET_FROM
-                           FIRST_AT_TRACKED_PRIORITY("f1", "$3", "$4", "$5")
-                               FIRST_AT_TRACKED_PRIORITY("f2", "$6", "$7", "$8") FIRST_CLAIM,
-    10,
-    {TEXTOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, INT8OID, INT4OID, TIMESTAMPTZOID, INT8OID,
-     TIMESTAMPTZOID, INT8OID},
-    nullptr};
+#define CLAIM_START(paused)                                                                     \
+    "SELECT " HIGHEST_PENDING_PRIORITY ", " ANY_EXPIRED_UNGROUPED_CLAIM ", " ANY_EXPIRED_CLAIM( \
+        "IS NOT NULL") ", " ANY_KEYED_PENDING ", " PG_THROTTLE_QUEUE_BUCKET_COLUMNS             \
+                       ", f1.run_at, f1.id, f2.run_at, f2.id, fl.lease_until, fl.id, " paused   \
+                           PG_THROTTLE_QUEUE_BUCKET_FROM FIRST_AT_TRACKED_PRIORITY("f1", "$3",  \
+                                                                                   "$4", "$5")  \
+                               FIRST_AT_TRACKED_PRIORITY("f2", "$6", "$7", "$8") FIRST_CLAIM
 
+KeptPlan claim_start{CLAIM_START(QUEUE_PAUSED),
+                     10,
+                     {TEXTOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, INT8OID, INT4OID,
+                      TIMESTAMPTZOID, INT8OID, TIMESTAMPTZOID, INT8OID},
+                     nullptr};
+// The same on a database whose SQL is still 0.3.0's (the module is updated
+// before ALTER EXTENSION ... UPDATE): no throttle.queue_pause, no pause.
+KeptPlan claim_start_without_pauses{CLAIM_START("false"),
+                                    10,
+                                    {TEXTOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, INT8OID,
+                                     INT4OID, TIMESTAMPTZOID, INT8OID, TIMESTAMPTZOID, INT8OID},
+                                    nullptr};
+
+#undef CLAIM_START
 #undef QUEUE_PAUSED
 #undef FIRST_CLAIM
 #undef ANY_EXPIRED_UNGROUPED_CLAIM
@@ -417,7 +428,8 @@ Start claim_start_of(Datum queue, Datum now) {
         args[4 + 3 * i] = Int64GetDatum(level.count.from.id);
         nulls[2 + 3 * i] = level.tracked ? ' ' : 'n';
     }
-    run_kept_plan(&claim_start, args, nulls, SPI_OK_SELECT, 1);
+    run_kept_plan(pauses_installed() ? &claim_start : &claim_start_without_pauses, args, nulls,
+                  SPI_OK_SELECT, 1);
     const HeapTuple row = SPI_tuptable->vals[0];
     const TupleDesc desc = SPI_tuptable->tupdesc;
     const FloorFirsts first{{first_in_row(row, desc, kFirst), first_in_row(row, desc, kFirst + 2)},

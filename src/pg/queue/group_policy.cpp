@@ -21,15 +21,29 @@ KeptPlan policy_query{
     1,
     {TEXTOID},
     nullptr};
+// On a database whose SQL is still 0.3.0's: no pauses, and no fairness
+// column (the update to 0.4.0 adds both): oldest first.
+KeptPlan policy_query_without_pauses{
+    "SELECT p.workers, p.strict_order, false, NULL::text[], false"
+    " FROM (SELECT 1) o LEFT JOIN throttle.group_policy p ON p.queue = $1",
+    1,
+    {TEXTOID},
+    nullptr};
 
 }  // namespace
+
+bool pauses_installed() {
+    const Oid schema = get_namespace_oid("throttle", true);
+    return schema != InvalidOid && get_relname_relid("queue_pause", schema) != InvalidOid;
+}
 
 GroupPolicy group_policy_for_claim(const text* queue) {
     lock_queue_policies(ShareLock);
     // The latest snapshot, not the transaction's: under repeatable read a
     // claim whose snapshot predates a change must still apply the change.
     Datum args[1] = {PointerGetDatum(queue)};
-    run_kept_plan_latest(&policy_query, args, nullptr, SPI_OK_SELECT, 1);
+    run_kept_plan_latest(pauses_installed() ? &policy_query : &policy_query_without_pauses, args,
+                         nullptr, SPI_OK_SELECT, 1);
     GroupPolicy policy{1, false, false, false, nullptr};
     const HeapTuple row = SPI_tuptable->vals[0];
     const TupleDesc desc = SPI_tuptable->tupdesc;

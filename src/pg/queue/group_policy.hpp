@@ -24,4 +24,9 @@ struct GroupPolicy {
 // context.
 GroupPolicy group_policy_for_claim(const text* queue);
 
+// Whether this database has throttle.queue_pause: not while its SQL is still
+// 0.3.0's, on this module, before ALTER EXTENSION ... UPDATE (nor, then,
+// throttle.group_policy.fairness, which the update adds with it).
+bool pauses_installed();
+
 }  // namespace pg_throttle::pg

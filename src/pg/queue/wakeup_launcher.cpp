@@ -17,6 +17,7 @@ extern "C" {
 #include "postmaster/interrupt.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 }
 
 namespace pg_throttle::pg {
@@ -117,11 +118,23 @@ bool stopped(int index) {
            GetBackgroundWorkerPid(handles[index], &pid) == BGWH_STOPPED;
 }
 
-// One round: the wakers that failed to attach are forgotten, the wanted ones
-// started.
+// Whether `database` still exists (a waker that could not connect: a
+// database dropped meanwhile frees its slot).
+bool database_exists(Oid database) {
+    SetCurrentStatementStartTimestamp();
+    StartTransactionCommand();
+    const bool exists = SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(database));
+    CommitTransactionCommand();
+    return exists;
+}
+
+// One round: wakers that failed to attach are tried again after a back-off
+// (their slot freed when the database is gone); a slot whose plan comes
+// within kStartAhead is wanted; the wanted ones are started.
 void start_wanted() {
     const TimestampTz now = GetCurrentTimestamp();
     Oid to_start[kWakeupSlots];
+    Oid failed[kWakeupSlots];
     bool gone[kWakeupSlots];  // looked up before the lock: it takes another
     for (int i = 0; i < kWakeupSlots; i++) {
         gone[i] = stopped(i);
@@ -131,9 +144,17 @@ void start_wanted() {
     for (int i = 0; i < kWakeupSlots; i++) {
         WakeupSlot& slot = wakeups_shared()->slots[i];
         to_start[i] = InvalidOid;
+        failed[i] = InvalidOid;
         if (slot.starting && !slot.running && (now - slot.started_at > kStartTimeout || gone[i])) {
-            slot.starting = false;  // it could not connect (a database dropped meanwhile)
-            slot.wanted = false;
+            slot.starting = false;  // it could not connect: again after a back-off
+            slot.wanted = true;
+            wakeup_slot_failed(&slot, now);
+            failed[i] = slot.dbid;
+        }
+        const TimestampTz planned = instant_of(pg_atomic_read_u64(&slot.planned));
+        if (slot.dbid != InvalidOid && !slot.running && !slot.starting && planned != DT_NOEND &&
+            planned - kStartAhead <= now) {
+            slot.wanted = true;
         }
         if (slot.dbid != InvalidOid && slot.wanted && !slot.running && !slot.starting &&
             !slot.absent && slot.held_until <= now && slot.restart_at <= now) {
@@ -144,13 +165,27 @@ void start_wanted() {
     }
     LWLockRelease(wakeups_lock());
     for (int i = 0; i < kWakeupSlots; i++) {
+        if (failed[i] != InvalidOid && !database_exists(failed[i])) {
+            LWLockAcquire(wakeups_lock(), LW_EXCLUSIVE);
+            WakeupSlot& slot = wakeups_shared()->slots[i];
+            if (slot.dbid == failed[i] && !slot.running && !slot.starting) {
+                slot.wanted = false;
+                pg_atomic_write_u64(&slot.hinted, kNothingAhead);
+                pg_atomic_write_u64(&slot.planned, kNothingAhead);
+                slot.dbid = InvalidOid;
+            }
+            LWLockRelease(wakeups_lock());
+        }
+    }
+    for (int i = 0; i < kWakeupSlots; i++) {
         if (to_start[i] == InvalidOid || start_waker(i, to_start[i])) {
             continue;
         }
         LWLockAcquire(wakeups_lock(), LW_EXCLUSIVE);
         WakeupSlot& slot = wakeups_shared()->slots[i];
         if (slot.dbid == to_start[i]) {
-            slot.starting = false;  // still wanted: the next round tries again
+            slot.starting = false;  // still wanted: tried again after a back-off
+            wakeup_slot_failed(&slot, now);
         }
         LWLockRelease(wakeups_lock());
         if (now - warned_at >= kWarnEvery) {
@@ -184,7 +219,9 @@ void pg_throttle_wakeup_launcher_main(Datum /*arg*/) {
     for (;;) {
         ResetLatch(MyLatch);
         if (ShutdownRequestPending != 0) {
-            proc_exit(0);
+            // 1, not 0: a static worker that exits with 0 is never started
+            // again (the postmaster's own shutdown stops it for good anyway).
+            proc_exit(1);
         }
         if (ConfigReloadPending != 0) {
             ConfigReloadPending = 0;

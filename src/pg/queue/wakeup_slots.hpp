@@ -26,9 +26,14 @@ struct WakeupSlot {
     TimestampTz held_until;  // no waker before (wakeups_hold)
     TimestampTz started_at;  // when `starting` was set
     TimestampTz restart_at;  // not started again before (a waker that failed)
+    TimestampTz covered;     // the last pass's upto: where the next waker goes on from
+    int failures;            // starts or passes that failed in a row (the back-off)
     int pid;                 // the attached waker's
     Latch* latch;            // the attached waker's
     // Instants as TimestampTz bit patterns (signed: compare as int64).
+    // hinted: the earliest instant committed since the waker last looked.
+    // planned: when a waker must next pass: the attached one's wake-up, or,
+    // with none attached, when the launcher starts one (+infinity: never).
     pg_atomic_uint64 hinted;
     pg_atomic_uint64 planned;
 };
@@ -52,6 +57,17 @@ inline uint64 bits_of(TimestampTz instant) {
 
 // Lowers `cell` to `instant` when it is earlier; true when it did.
 bool lower_instant(pg_atomic_uint64* cell, TimestampTz instant);
+
+// How long before `planned` the launcher starts a waker that exited
+// because nothing was near.
+inline constexpr int64 kStartAhead = 2 * USECS_PER_SEC;
+// A hint that asks for a pass from the beginning of time (a prepared
+// transaction committed: its instants are unknown).
+inline constexpr TimestampTz kFromTheStart = DT_NOBEGIN + 1;
+
+// The back-off of a slot whose waker failed to start or failed a pass,
+// under the lock: not again before 1, 2, 4 ... 60 s.
+void wakeup_slot_failed(WakeupSlot* slot, TimestampTz now);
 
 // The slot of `database`, or -1; under the lock.
 int wakeup_slot_find(Oid database);

@@ -36,14 +36,19 @@ void init_slot(WakeupSlot* slot, Oid database) {
     slot->held_until = 0;
     slot->started_at = 0;
     slot->restart_at = 0;
+    slot->covered = DT_NOBEGIN;
+    slot->failures = 0;
     slot->pid = 0;
     slot->latch = nullptr;
     pg_atomic_write_u64(&slot->hinted, kNothingAhead);
     pg_atomic_write_u64(&slot->planned, kNothingAhead);
 }
 
-bool idle(const WakeupSlot& slot, TimestampTz now) {
-    return !slot.wanted && !slot.starting && !slot.running && slot.held_until <= now;
+// A slot that holds nothing to keep: no waker, none wanted or planned.
+bool idle(WakeupSlot& slot, TimestampTz now) {
+    return !slot.wanted && !slot.starting && !slot.running && slot.held_until <= now &&
+           pg_atomic_read_u64(&slot.hinted) == kNothingAhead &&
+           pg_atomic_read_u64(&slot.planned) == kNothingAhead;
 }
 
 }  // namespace
@@ -198,6 +203,11 @@ bool lower_instant(pg_atomic_uint64* cell, TimestampTz instant) {
     return false;
 }
 
+void wakeup_slot_failed(WakeupSlot* slot, TimestampTz now) {
+    slot->failures = std::min(slot->failures + 1, 7);
+    slot->restart_at = now + std::min<int64>(60, int64{1} << (slot->failures - 1)) * USECS_PER_SEC;
+}
+
 int wakeup_slot_find(Oid database) {
     for (int i = 0; i < kWakeupSlots; i++) {
         if (shared->slots[i].dbid == database) {
@@ -257,6 +267,23 @@ void wakeup_note(TimestampTz instant) {
     register_callback();
 }
 
+void wakeups_pass_from_the_start() {
+    if (shared != nullptr && wakeups_on) {
+        report(kFromTheStart);
+    }
+}
+
+void wakeups_want_copy(Oid from, Oid to) {
+    if (shared != nullptr && wakeups_on && from != InvalidOid && to != InvalidOid) {
+        LWLockAcquire(lock, LW_SHARED);
+        const bool known = wakeup_slot_find(from) >= 0;
+        LWLockRelease(lock);
+        if (known) {
+            want(to);
+        }
+    }
+}
+
 void wakeups_want_here() {
     if (shared != nullptr) {
         want_at_commit = true;
@@ -270,7 +297,7 @@ void wakeups_hold(Oid database) {
     }
     int pid = 0;
     LWLockAcquire(lock, LW_EXCLUSIVE);
-    const int index = wakeup_slot_take(database);
+    const int index = wakeup_slot_find(database);
     if (index >= 0) {
         WakeupSlot& slot = shared->slots[index];
         slot.held_until = GetCurrentTimestamp() + kHoldFor;
@@ -280,8 +307,22 @@ void wakeups_hold(Oid database) {
         pid = slot.running ? slot.pid : 0;
     }
     LWLockRelease(lock);
-    if (pid != 0) {
-        (void)kill(pid, SIGTERM);  // it exits at once; the statement waits up to 5 s for it
+    if (pid == 0) {
+        return;
+    }
+    (void)kill(pid, SIGTERM);
+    // Until it has gone (at most 5 s): the statement counts the database's
+    // other processes, and WITH (FORCE) would try to end this one itself,
+    // which a database's owner may not.
+    for (int waited = 0; waited < 500; waited++) {
+        LWLockAcquire(lock, LW_SHARED);
+        const bool gone = !shared->slots[index].running || shared->slots[index].pid != pid;
+        LWLockRelease(lock);
+        if (gone) {
+            break;
+        }
+        CHECK_FOR_INTERRUPTS();
+        pg_usleep(10000);
     }
 }
 

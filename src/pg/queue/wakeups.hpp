@@ -59,7 +59,15 @@ void wakeups_hold(Oid database);
 void wakeups_release(Oid database, bool dropped);
 
 // throttle._waker_start(): this database has the extension (again): a
-// waker is wanted here.
+// waker is wanted here once the transaction commits.
 void wakeups_want_here();
+
+// After COMMIT PREPARED: the instants it wrote are unknown here, so this
+// database's waker passes from the beginning of time.
+void wakeups_pass_from_the_start();
+
+// After CREATE DATABASE `to` from the template `from`: a waker for `to`
+// when `from` has had one (the copy has its events ahead).
+void wakeups_want_copy(Oid from, Oid to);
 
 }  // namespace pg_throttle::pg

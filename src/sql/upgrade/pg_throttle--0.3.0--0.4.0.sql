@@ -739,8 +739,9 @@ DECLARE
 BEGIN
   -- The waker's lock_timeout is short: a statement that locks these tables
   -- (DROP EXTENSION, an update's ALTER TABLE) never waits on a pass, nor
-  -- deadlocks with one. A pass that would wait gives way and comes back a
-  -- second later.
+  -- deadlocks with one. A pass that would wait gives way, its NOTIFYs
+  -- undone, and answers -infinity: the waker runs (after_at, upto_at] again
+  -- a second later.
   BEGIN
     -- Recurring schedules first: a firing due enqueues its event (which
     -- schedule NOTIFYs). One a concurrent firer holds, or one that failed,
@@ -817,13 +818,13 @@ BEGIN
                                      AND e.group_key IS NOT NULL AND e.lease_until > upto_at));
     END LOOP;
   EXCEPTION WHEN lock_not_available THEN
-    RETURN upto_at + interval '1 second';
+    RETURN '-infinity';
   END;
     RETURN next_at;
 END
 $$;
 COMMENT ON FUNCTION throttle._announce_due(timestamptz, timestamptz) IS
-    'Internal, for the waker of the database: NOTIFYs each queue''s channel with the ids of the events that fell due in (after_at, upto_at] (a pending event''s run_at, a claim''s lease_until; at most 64 per queue and kind) and returns the next instant one falls due, NULL when none.';
+    'Internal, for the waker of the database: fires the recurring schedules due, NOTIFYs each queue''s channel with the ids of the events that fell due in (after_at, upto_at] (a pending event''s run_at, a claim''s lease_until; at most 64 per queue and kind) and returns the next instant something falls due, NULL when none; -infinity when it gave way to a lock (nothing done).';
 REVOKE EXECUTE ON FUNCTION throttle._announce_due(timestamptz, timestamptz) FROM PUBLIC;
 
 CREATE FUNCTION throttle._waker_start()
