@@ -1224,16 +1224,20 @@ BEGIN
         RETURN false;
     END IF;
     -- The workers LISTENing on the queue's channel wake: the oldest due
-    -- events it now hands out (none while the whole queue stays paused),
-    -- at most 64.
+    -- events it now hands out, and claims whose lease ended meanwhile (the
+    -- next claim takes them over); none while the whole queue stays
+    -- paused; at most 64.
     PERFORM pg_notify(queue, d.id::text)
-    FROM (SELECT e.id FROM throttle.event e
-          WHERE e.queue = resume.queue AND e.state = 'pending' AND e.run_at <= throttle.now()
+    FROM (SELECT e.id, CASE WHEN e.state = 'pending' THEN e.run_at ELSE e.lease_until END AS due_at
+          FROM throttle.event e
+          WHERE e.queue = resume.queue
+            AND ((e.state = 'pending' AND e.run_at <= throttle.now())
+                 OR (e.state = 'claimed' AND e.lease_until <= throttle.now()))
             AND (resume.group_key IS NULL OR e.group_key = resume.group_key)
             AND NOT EXISTS (SELECT 1 FROM throttle.queue_pause p
                             WHERE p.queue = e.queue
                               AND (p.group_key IS NULL OR p.group_key = e.group_key))
-          ORDER BY e.run_at, e.id LIMIT 64) AS d;
+          ORDER BY due_at, e.id LIMIT 64) AS d;
     RETURN true;
 END
 $$;

@@ -584,18 +584,14 @@ uint64 claim_from_pass(const GroupClaim& claim, KeptPlan* pass, HTAB* tried,
 }
 
 // Round robin (fairness = 'round_robin'): the groups with due events after
-// the one served last, then from the first key up to it (once around, so
-// the group served last comes again only when no other is free), each not
-// tried yet offered to claim_one_group; the one claimed is the queue's
-// cursor from now on. Stops at an empty bucket (`*bucket_empty`).
-uint64 claim_round_robin(const GroupClaim& claim, HTAB* tried, const SPITupleTable** rows,
-                         bool* bucket_empty) {
+// `cursor`, the one served last, then from the first key up to it (once
+// around, so the group served last comes again only when no other is free),
+// each not tried yet offered to claim_one_group; the one claimed is the
+// queue's cursor from now on. Stops at an empty bucket (`*bucket_empty`).
+uint64 claim_round_robin(const GroupClaim& claim, const text* cursor, HTAB* tried,
+                         const SPITupleTable** rows, bool* bucket_empty) {
     const text* queue = DatumGetTextPP(claim.queue);
-    const text* cursor = fair_cursor_of(queue);
     for (int turn = 0; turn < 2; turn++) {
-        if (turn == 1 && cursor == nullptr) {
-            break;  // no cursor: the first turn went from the first key to the last
-        }
         const text* after = turn == 0 ? cursor : nullptr;  // nullptr: from the first key
         const text* upto = turn == 0 ? nullptr : cursor;   // nullptr: to the last
         for (;;) {
@@ -694,9 +690,27 @@ Datum claim_group(FunctionCallInfo fcinfo) {
     uint64 claimed = 0;
     bool bucket_empty = false;
     for (KeptPlan* pass : {&expired_group_claims, &due_grouped_events}) {
-        claimed = pass == &due_grouped_events && policy.round_robin
-                      ? claim_round_robin(claim, tried, &rows, &bucket_empty)
-                      : claim_from_pass(claim, pass, tried, &rows, &bucket_empty);
+        const text* cursor = pass == &due_grouped_events && policy.round_robin
+                                 ? fair_cursor_of(DatumGetTextPP(claim.queue))
+                                 : nullptr;
+        if (cursor != nullptr) {
+            claimed = claim_round_robin(claim, cursor, tried, &rows, &bucket_empty);
+        } else {
+            // Oldest first; also round robin's first claim, and one whose
+            // cursor was evicted (more queues claiming than slots): it is
+            // served as oldest first would, never always from the first key,
+            // and leaves the cursor for the next.
+            claimed = claim_from_pass(claim, pass, tried, &rows, &bucket_empty);
+            if (claimed > 0 && pass == &due_grouped_events && policy.round_robin) {
+                bool is_null = true;
+                const Datum group_key =
+                    SPI_getbinval(rows->vals[0], rows->tupdesc,
+                                  SPI_fnumber(rows->tupdesc, "group_key"), &is_null);
+                if (!is_null) {
+                    fair_cursor_store(DatumGetTextPP(claim.queue), DatumGetTextPP(group_key));
+                }
+            }
+        }
         if (claimed > 0 || bucket_empty) {
             break;
         }

@@ -581,7 +581,12 @@ Datum claim(FunctionCallInfo fcinfo) {
     const Start start = claim_start_of(queue, now);
     const int32 max = static_cast<int32>(
         claim_limit_available(start.limit, DatumGetTimestampTz(now), PG_GETARG_INT32(3)));
-    if (max == 0 || start.paused || (!start.have_level && !start.expired_found)) {
+    // The pause as claim_start read it, in the transaction's snapshot; under
+    // repeatable read that snapshot may predate a pause that has committed:
+    // read again in the latest one, as claim_group reads it.
+    const bool paused = start.paused || (IsolationUsesXactSnapshot() && pauses_installed() &&
+                                         queue_paused_now(DatumGetTextPP(queue)));
+    if (max == 0 || paused || (!start.have_level && !start.expired_found)) {
         InitMaterializedSRF(fcinfo, 0);  // nothing to claim, or the queue is paused
     } else {
         if (start.group_expired_found && any_blocking_claim(queue, now)) {

@@ -32,6 +32,22 @@ KeptPlan policy_query_without_pauses{
 
 }  // namespace
 
+bool queue_paused_now(const text* queue) {
+    static KeptPlan paused_query{
+        "SELECT EXISTS (SELECT 1 FROM throttle.queue_pause p"
+        "               WHERE p.queue = $1 AND p.group_key IS NULL)",
+        1,
+        {TEXTOID},
+        nullptr};
+    Datum args[1] = {PointerGetDatum(queue)};
+    run_kept_plan_latest(&paused_query, args, nullptr, SPI_OK_SELECT, 1);
+    bool is_null = true;
+    const bool paused =
+        DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
+    SPI_freetuptable(SPI_tuptable);
+    return paused;
+}
+
 bool pauses_installed() {
     const Oid schema = get_namespace_oid("throttle", true);
     return schema != InvalidOid && get_relname_relid("queue_pause", schema) != InvalidOid;

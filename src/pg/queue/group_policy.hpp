@@ -24,6 +24,10 @@ struct GroupPolicy {
 // context.
 GroupPolicy group_policy_for_claim(const text* queue);
 
+// Whether `queue` is paused as the last committed pause or resume left it
+// (the latest snapshot, also under repeatable read). Inside SPI_connect.
+bool queue_paused_now(const text* queue);
+
 // Whether this database has throttle.queue_pause: not while its SQL is still
 // 0.3.0's, on this module, before ALTER EXTENSION ... UPDATE (nor, then,
 // throttle.group_policy.fairness, which the update adds with it).
