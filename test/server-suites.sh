@@ -52,6 +52,8 @@ main)
     run_suite group-policy prove prove --verbose test/integration/group_policy.py ||
         status=1
     run_suite fairness prove prove --verbose test/integration/fairness.py || status=1
+    run_suite pause-fairness-edges prove prove --verbose test/integration/pause_fairness_edges.py ||
+        status=1
     run_suite concurrency-key prove prove --verbose test/integration/concurrency_key.py ||
         status=1
     run_suite security prove prove --verbose test/integration/security.py || status=1
