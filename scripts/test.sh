@@ -65,7 +65,7 @@ for v in "${versions[@]}"; do
 done
 
 # Each version runs unit, cmake and the server suites (test/run-server-profiles.sh).
-suites_per_version=47
+suites_per_version=48
 echo
 echo "Suites:"
 summarize_results "$results"

@@ -56,6 +56,7 @@ main)
         status=1
     run_suite concurrency-key prove prove --verbose test/integration/concurrency_key.py ||
         status=1
+    run_suite key-fairness prove prove --verbose test/integration/key_fairness.py || status=1
     run_suite security prove prove --verbose test/integration/security.py || status=1
     run_suite dump-restore prove prove --verbose test/integration/dump_restore.py || status=1
     # Servers of its own (old, new and a standby), on Unix sockets only.

@@ -81,7 +81,11 @@ CREATE INDEX event_claimed_groups ON throttle.event (queue, group_key, claim_tok
     WHERE state = 'claimed' AND group_key IS NOT NULL;
 CREATE INDEX event_claimed_concurrency ON throttle.event (queue, concurrency_key)
     WHERE state = 'claimed' AND concurrency_key IS NOT NULL;
-CREATE INDEX event_pending_concurrency ON throttle.event (queue, concurrency_key, run_at)
+-- A key's pending events in the order claim takes them (highest priority,
+-- then oldest): a round-robin claim's turn of a key, and the wake-up when a
+-- claim of a key ends, read its first due entry; the loose scan of a
+-- round-robin claim descends it once per key.
+CREATE INDEX event_pending_concurrency ON throttle.event (queue, concurrency_key, priority DESC, run_at)
     WHERE state = 'pending' AND concurrency_key IS NOT NULL;
 CREATE INDEX event_dead ON throttle.event (queue, completed_at)
     WHERE state = 'dead';
@@ -235,17 +239,19 @@ COMMENT ON TABLE throttle.group_policy IS
     'How claim_group hands out the groups of a queue; a queue not named here has one worker per group, no strict order, and serves the oldest due event''s group first.';
 COMMENT ON COLUMN throttle.group_policy.workers IS 'How many claims may hold one group at once, 1 to 64, each with events no other holds.';
 COMMENT ON COLUMN throttle.group_policy.strict_order IS 'A group''s events run in the order they were scheduled (by id): each waits for its run_at and for every earlier event of the group to complete, die or be cancelled; a failed event holds back the later ones. Needs workers = 1.';
-COMMENT ON COLUMN throttle.group_policy.fairness IS 'Which free group claim_group serves first, after the groups of expired claims: oldest_first, the group of the oldest due event; round_robin, the due groups in turn by group_key, starting after the group served last in the queue (kept in shared memory: after a restart the cycle starts at the first key).';
+COMMENT ON COLUMN throttle.group_policy.fairness IS 'Which free group claim_group serves first, after the groups of expired claims: oldest_first, the group of the oldest due event; round_robin, the due groups in turn by group_key, starting after the group served last in the queue (kept in shared memory: a queue whose turn is not known is served oldest first once, which sets it).';
 GRANT SELECT ON throttle.group_policy TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('throttle.group_policy', '');
 
 CREATE TABLE throttle.concurrency_policy (
     queue        text PRIMARY KEY CHECK (queue <> '' AND octet_length(queue) <= 63),
-    max_claimed  integer NOT NULL DEFAULT 1 CHECK (max_claimed > 0)
+    max_claimed  integer NOT NULL DEFAULT 1 CHECK (max_claimed > 0),
+    fairness     text NOT NULL DEFAULT 'oldest_first' CHECK (fairness IN ('oldest_first', 'round_robin'))
 );
 COMMENT ON TABLE throttle.concurrency_policy IS
-    'How many events that share a concurrency_key throttle.claim hands out at once, per queue; a queue not named here has one.';
+    'How throttle.claim hands out the events that carry a concurrency_key, per queue: how many of one key at once, and in which order; a queue not named here has one per key, oldest first.';
 COMMENT ON COLUMN throttle.concurrency_policy.max_claimed IS 'How many events of one concurrency_key may be claimed at once (claims whose lease holds), whichever workers hold them.';
+COMMENT ON COLUMN throttle.concurrency_policy.fairness IS 'Which due events claim takes first, after expired claims: oldest_first, by priority then run_at whatever their key; round_robin, one event per key in turn by concurrency_key (the key''s highest priority, then oldest), starting after the key served last in the queue, the events without a key taking their turn after the last key (kept in shared memory: a queue whose turn is not known is served oldest first once, which sets it).';
 GRANT SELECT ON throttle.concurrency_policy TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('throttle.concurrency_policy', '');
 
@@ -795,7 +801,7 @@ LANGUAGE sql AS $$
     SELECT pg_notify(u.queue, u.id::text) FROM throttle.event u  -- event_pending_key
     WHERE (u.queue, u.item_key) IN (SELECT f.queue, f.item_key FROM unnest(ended) AS f)
       AND u.state = 'pending' AND u.run_at <= throttle.now();
-    -- A claim of a concurrency_key ended: the key's oldest due event.
+    -- A claim of a concurrency_key ended: the key's next due event.
     SELECT pg_notify(k.queue, w.id::text)
     FROM (SELECT DISTINCT f.queue, f.concurrency_key FROM unnest(ended) AS f
           WHERE f.concurrency_key IS NOT NULL) AS k
@@ -803,10 +809,10 @@ LANGUAGE sql AS $$
                         WHERE u.queue = k.queue AND u.concurrency_key = k.concurrency_key
                           AND u.state = 'pending' AND u.concurrency_key IS NOT NULL
                           AND u.run_at <= throttle.now()
-                        ORDER BY u.run_at LIMIT 1) AS w
+                        ORDER BY u.priority DESC, u.run_at LIMIT 1) AS w
 $$;
 COMMENT ON FUNCTION throttle._notify_successors(throttle.event[]) IS
-    'Internal: NOTIFYs the due pending runs of the item_keys of events whose claim ended, and the oldest due event of their concurrency_keys.';
+    'Internal: NOTIFYs the due pending runs of the item_keys of events whose claim ended, and the next due event (highest priority, then oldest) of their concurrency_keys.';
 
 CREATE FUNCTION throttle.complete(ids bigint[], token bigint)
 RETURNS integer

@@ -49,10 +49,13 @@
 #include "pg/queue/group_policy.hpp"
 #include "pg/server/kept_plan.hpp"
 #include "pg/queue/blocking_claims.hpp"
+#include "pg/queue/claim_key_turns.hpp"
 #include "pg/queue/claim_limit.hpp"
+#include "pg/queue/claimed_ids.hpp"
 #include "pg/queue/concurrency_keys.hpp"
 #include "pg/queue/durable_commit.hpp"
 #include "pg/queue/event_rows.hpp"
+#include "pg/queue/fair_cursors.hpp"
 #include "pg/queue/mark_claimed.hpp"
 #include "pg/queue/scan_floors.hpp"
 #include "pg/registry/registry.hpp"
@@ -176,22 +179,29 @@ KeptPlan expired_claims{
     "EXISTS (SELECT 1 FROM throttle.queue_pause p" \
     "        WHERE p.queue = $1 AND p.group_key IS NULL)"
 
-#define CLAIM_START(paused)                                                                     \
-    "SELECT " HIGHEST_PENDING_PRIORITY ", " ANY_EXPIRED_UNGROUPED_CLAIM ", " ANY_EXPIRED_CLAIM( \
-        "IS NOT NULL") ", " ANY_KEYED_PENDING ", " PG_THROTTLE_QUEUE_BUCKET_COLUMNS             \
-                       ", f1.run_at, f1.id, f2.run_at, f2.id, fl.lease_until, fl.id, " paused   \
-                           PG_THROTTLE_QUEUE_BUCKET_FROM FIRST_AT_TRACKED_PRIORITY("f1", "$3",  \
-                                                                                   "$4", "$5")  \
-                               FIRST_AT_TRACKED_PRIORITY("f2", "$6", "$7", "$8") FIRST_CLAIM
+// And whether its concurrency keys are served in turn
+// (throttle.concurrency_policy.fairness, claim_key_turns.hpp).
+#define KEYS_ROUND_ROBIN                          \
+    "coalesce((SELECT c.fairness = 'round_robin'" \
+    "          FROM throttle.concurrency_policy c WHERE c.queue = $1), false)"
 
-KeptPlan claim_start{CLAIM_START(QUEUE_PAUSED),
+#define CLAIM_START(paused, round_robin)                                                         \
+    "SELECT " HIGHEST_PENDING_PRIORITY ", " ANY_EXPIRED_UNGROUPED_CLAIM ", " ANY_EXPIRED_CLAIM(  \
+        "IS NOT NULL") ", " ANY_KEYED_PENDING ", " PG_THROTTLE_QUEUE_BUCKET_COLUMNS              \
+                       ", f1.run_at, f1.id, f2.run_at, f2.id, fl.lease_until, fl.id, " paused    \
+                       ", " round_robin PG_THROTTLE_QUEUE_BUCKET_FROM FIRST_AT_TRACKED_PRIORITY( \
+                           "f1", "$3", "$4", "$5")                                               \
+                           FIRST_AT_TRACKED_PRIORITY("f2", "$6", "$7", "$8") FIRST_CLAIM
+
+KeptPlan claim_start{CLAIM_START(QUEUE_PAUSED, KEYS_ROUND_ROBIN),
                      10,
                      {TEXTOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, INT8OID, INT4OID,
                       TIMESTAMPTZOID, INT8OID, TIMESTAMPTZOID, INT8OID},
                      nullptr};
 // The same on a database whose SQL is still 0.3.0's (the module is updated
-// before ALTER EXTENSION ... UPDATE): no throttle.queue_pause, no pause.
-KeptPlan claim_start_without_pauses{CLAIM_START("false"),
+// before ALTER EXTENSION ... UPDATE): no throttle.queue_pause, no pause, no
+// round robin.
+KeptPlan claim_start_without_pauses{CLAIM_START("false", "false"),
                                     10,
                                     {TEXTOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, INT8OID,
                                      INT4OID, TIMESTAMPTZOID, INT8OID, TIMESTAMPTZOID, INT8OID},
@@ -199,6 +209,7 @@ KeptPlan claim_start_without_pauses{CLAIM_START("false"),
 
 #undef CLAIM_START
 #undef QUEUE_PAUSED
+#undef KEYS_ROUND_ROBIN
 #undef FIRST_CLAIM
 #undef ANY_EXPIRED_UNGROUPED_CLAIM
 
@@ -216,7 +227,8 @@ enum StartColumn : int {
     kAnyKeyed = 4,
     kBucket = 5,  // to 8
     kFirst = 9,   // f1.run_at, f1.id, f2.run_at, f2.id, fl.lease_until, fl.id
-    kPaused = 15
+    kPaused = 15,
+    kRoundRobin = 16
 };
 
 KeptPlan any_blocking{
@@ -286,23 +298,6 @@ KeptPlan claim_due_lean{
 
 #undef DUE_AT_LEVEL
 
-// A growing list of bigint Datums in the claim's memory context.
-struct Ids {
-    Datum* values;
-    int count;
-    int capacity;
-};
-
-void append(Ids* ids, Datum id) {
-    if (ids->count == ids->capacity) {
-        ids->capacity = ids->capacity == 0 ? 16 : ids->capacity * 2;
-        const size_t size = sizeof(Datum) * static_cast<size_t>(ids->capacity);
-        ids->values = static_cast<Datum*>(ids->values == nullptr ? palloc(size)
-                                                                 : repalloc(ids->values, size));
-    }
-    ids->values[ids->count++] = id;
-}
-
 // Where a scan's arguments are, and where it goes on from.
 struct Scan {
     KeptPlan* plan;
@@ -329,8 +324,11 @@ bool take_rows(Scan* scan, Ids* taken, ConcurrencyKeys* keys, int max) {
         const Datum key = SPI_getbinval(rows->vals[i], rows->tupdesc, 2, &key_null);
         scan->after = SPI_getbinval(rows->vals[i], rows->tupdesc, 3, &is_null);
         scan->after_id = id;
-        if (key_null || concurrency_key_admit(keys, DatumGetTextPP(key))) {
+        if (key_null) {
             append(taken, id);
+        } else if (concurrency_key_admit(keys, DatumGetTextPP(key))) {
+            append(taken, id);
+            taken->last_key = DatumGetTextPP(key);
         } else {
             left_one = true;
         }
@@ -338,14 +336,19 @@ bool take_rows(Scan* scan, Ids* taken, ConcurrencyKeys* keys, int max) {
     return left_one;
 }
 
+// Where a scan of due events at one priority starts: just before the
+// floor (the scans go on after ($after, $after_id)).
+void scan_from_floor(Scan* scan) {
+    const bool at_start = scan->floor.id == PG_INT64_MIN;  // kQueueStart, or an id with none below
+    scan->after = TimestampTzGetDatum(at_start ? DT_NOBEGIN : scan->floor.run_at);
+    scan->after_id = Int64GetDatum(at_start ? 0 : scan->floor.id - 1);
+}
+
 // Runs `scan` until the claim has `max` events or the scan has none left
 // for it: a pass that returned all it was asked for and left some for their
 // key runs again, from where it stopped, without the keys now full.
 void scan_until_full(Scan* scan, Ids* taken, ConcurrencyKeys* keys, int max) {
-    // Just before the floor: the scans go on after ($after, $after_id).
-    const bool at_start = scan->floor.id == PG_INT64_MIN;  // kQueueStart, or an id with none below
-    scan->after = TimestampTzGetDatum(at_start ? DT_NOBEGIN : scan->floor.run_at);
-    scan->after_id = Int64GetDatum(at_start ? 0 : scan->floor.id - 1);
+    scan_from_floor(scan);
     char nulls[kMaxPlanArgs];
     for (;;) {
         const int32 wanted = max - taken->count;
@@ -390,7 +393,8 @@ struct Start {
     bool expired_found;
     bool group_expired_found;
     bool any_keyed;
-    bool paused;  // the whole queue (throttle.pause)
+    bool paused;       // the whole queue (throttle.pause)
+    bool round_robin;  // its concurrency keys in turn (claim_key_turns.hpp)
     ClaimLimit limit;
 };
 
@@ -447,6 +451,7 @@ Start claim_start_of(Datum queue, Datum now) {
     start.group_expired_found = DatumGetBool(SPI_getbinval(row, desc, kAnyGroupExpired, &is_null));
     start.any_keyed = DatumGetBool(SPI_getbinval(row, desc, kAnyKeyed, &is_null));
     start.paused = DatumGetBool(SPI_getbinval(row, desc, kPaused, &is_null));
+    start.round_robin = DatumGetBool(SPI_getbinval(row, desc, kRoundRobin, &is_null));
     DeclaredBucket declared{};
     text* bucket_name = nullptr;
     const bool limited = queue_bucket_in_row(row, desc, kBucket, &declared, &bucket_name);
@@ -497,6 +502,63 @@ void claim_lean(FunctionCallInfo fcinfo, Datum queue, const Start& start, Datum 
     }
 }
 
+// The events without a concurrency_key in a round-robin queue's turns
+// (claim_key_turns.hpp): one at a time, from the highest priority down, by
+// due_events with no key open.
+struct UnkeyedScan {
+    Datum queue;
+    Datum now;
+    const Start* start;
+    bool have_level;
+    int32 level;
+    Datum args[8];
+    Scan due;
+    bool positioned;  // `due` is at the current level
+};
+
+bool take_next_unkeyed(void* context, Ids* taken) {
+    auto* unkeyed = static_cast<UnkeyedScan*>(context);
+    while (unkeyed->have_level) {
+        Scan& due = unkeyed->due;
+        if (!unkeyed->positioned) {
+            unkeyed->args[1] = Int32GetDatum(unkeyed->level);
+            due.floor = unkeyed->start->starts.at(unkeyed->level);
+            scan_from_floor(&due);
+            unkeyed->positioned = true;
+        }
+        unkeyed->args[due.full_arg + 2] = due.after;
+        unkeyed->args[due.full_arg + 3] = due.after_id;
+        run_kept_plan(due.plan, unkeyed->args, nullptr, SPI_OK_SELECT, 1);
+        if (SPI_processed == 1) {
+            bool is_null = false;
+            const HeapTuple row = SPI_tuptable->vals[0];
+            const Datum id = SPI_getbinval(row, SPI_tuptable->tupdesc, 1, &is_null);
+            due.after = SPI_getbinval(row, SPI_tuptable->tupdesc, 3, &is_null);
+            due.after_id = id;
+            append(taken, id);
+            return true;
+        }
+        unkeyed->have_level = priority_below(unkeyed->queue, unkeyed->level, &unkeyed->level);
+        unkeyed->positioned = false;
+    }
+    return false;
+}
+
+// Step 2 in a round-robin queue whose cursor is known: the keys in turn.
+void take_due_in_turns(Datum queue, Datum now, const Start& start, const text* cursor,
+                       ConcurrencyKeys* keys, Ids* taken, int32 max) {
+    ArrayType* none = construct_empty_array(TEXTOID);
+    UnkeyedScan unkeyed{queue, now, &start, start.have_level, start.level, {}, {}, false};
+    unkeyed.args[0] = queue;
+    unkeyed.args[2] = now;
+    unkeyed.args[3] = Int32GetDatum(1);
+    unkeyed.args[4] = PointerGetDatum(none);  // no key full
+    unkeyed.args[5] = PointerGetDatum(none);  // and none open: no keyed event
+    unkeyed.due = Scan{&due_events, unkeyed.args, 3, 4, 0, 0, core::kQueueEnd};
+    const KeyTurnsClaim claim{queue, now, keys, UnkeyedTurn{take_next_unkeyed, &unkeyed}, max};
+    take_in_turns(claim, cursor, taken);
+}
+
 // The other path, for queues with concurrency keys, a bucket or expired
 // claims: steps 1 to 4 (above), each scan a statement of its own, the marks
 // one more; the events claimed become the function's result.
@@ -520,7 +582,17 @@ void claim_by_scans(FunctionCallInfo fcinfo, Datum queue, Datum now, const Start
     }
     const bool any_expired = taken.count > 0;
 
-    bool have_level = taken.count < max && start.have_level;
+    const text* queue_text = DatumGetTextPP(queue);
+    const text* cursor = start.round_robin && taken.count < max
+                             ? fair_cursor_of(FairTurns::kConcurrencyKeys, queue_text)
+                             : nullptr;
+    // Oldest first; also a round-robin queue whose cursor is not known (its
+    // first claim, a restart, an eviction): served as oldest first would,
+    // never always from the first key, it leaves the cursor for the next.
+    bool have_level = taken.count < max && start.have_level && cursor == nullptr;
+    if (cursor != nullptr && start.have_level) {
+        take_due_in_turns(queue, now, start, cursor, &keys, &taken, max);
+    }
     while (have_level) {
         Datum due_args[8] = {queue, Int32GetDatum(level), now, 0, 0, 0, 0, 0};
         Scan due{&due_events, due_args, 3, 4, 0, 0, start.starts.at(level)};
@@ -529,6 +601,9 @@ void claim_by_scans(FunctionCallInfo fcinfo, Datum queue, Datum now, const Start
             break;
         }
         have_level = priority_below(queue, level, &level);
+    }
+    if (start.round_robin && taken.last_key != nullptr) {
+        fair_cursor_store(FairTurns::kConcurrencyKeys, queue_text, taken.last_key);
     }
     const uint64 found_count = static_cast<uint64>(taken.count);
     ArrayType* ids = ids_array(taken.values, taken.count);

@@ -142,7 +142,11 @@ ConcurrencyKeys concurrency_keys_start(Datum queue, TimestampTz now, ArrayType* 
     return keys;
 }
 
-bool concurrency_key_admit(ConcurrencyKeys* keys, const text* key) {
+namespace {
+
+// The claim's entry of `key`: the first time it meets `key`, it takes the
+// key lock and counts the key's claims.
+KeyRoom* meet(ConcurrencyKeys* keys, const text* key) {
     KeyRoom* entry = find(keys, key);
     if (entry == nullptr) {
         if (keys->locked >= kMaxKeysPerClaim || !try_lock_key(keys->queue, key)) {
@@ -157,6 +161,13 @@ bool concurrency_key_admit(ConcurrencyKeys* keys, const text* key) {
             }
         }
     }
+    return entry;
+}
+
+}  // namespace
+
+bool concurrency_key_admit(ConcurrencyKeys* keys, const text* key) {
+    KeyRoom* entry = meet(keys, key);
     if (entry->room == 0) {
         return false;
     }
@@ -164,10 +175,16 @@ bool concurrency_key_admit(ConcurrencyKeys* keys, const text* key) {
     return true;
 }
 
+bool concurrency_key_has_room(ConcurrencyKeys* keys, const text* key) {
+    return meet(keys, key)->room > 0;
+}
+
+bool concurrency_keys_may_meet_more(const ConcurrencyKeys& keys) {
+    return keys.locked < kMaxKeysPerClaim && !(keys.policy_read && keys.max_claimed == 0);
+}
+
 ArrayType* concurrency_keys_open(const ConcurrencyKeys& keys) {
-    const bool closed =
-        keys.locked >= kMaxKeysPerClaim || (keys.policy_read && keys.max_claimed == 0);
-    return closed ? keys_array(keys, true) : nullptr;
+    return concurrency_keys_may_meet_more(keys) ? nullptr : keys_array(keys, true);
 }
 
 ArrayType* concurrency_keys_full(const ConcurrencyKeys& keys) {

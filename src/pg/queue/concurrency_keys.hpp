@@ -77,6 +77,16 @@ LOCKTAG concurrency_key_lock_tag(Datum queue, const text* key);
 // the key's claims (inside SPI_connect; SPI_tuptable is replaced).
 bool concurrency_key_admit(ConcurrencyKeys* keys, const text* key);
 
+// Whether the claim may take one more event of `key`, as admit would say,
+// without counting one as taken (round robin asks before it reads the
+// key's next event).
+bool concurrency_key_has_room(ConcurrencyKeys* keys, const text* key);
+
+// Whether the claim may still meet keys it has not met (it holds fewer
+// than kMaxKeysPerClaim key locks, and no change of the policy held the
+// policy lock).
+bool concurrency_keys_may_meet_more(const ConcurrencyKeys& keys);
+
 // The keys of which the claim takes no more events, as a text[].
 ArrayType* concurrency_keys_full(const ConcurrencyKeys& keys);
 

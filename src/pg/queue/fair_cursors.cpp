@@ -6,11 +6,12 @@ namespace {
 
 constexpr int kSlots = 256;
 constexpr int kQueueBytes = 64;  // a queue name is at most 63 bytes (event_queue_check)
-constexpr int kKeyBytes = 1024;  // a group_key is at most 1024 bytes (schedule)
+constexpr int kKeyBytes = 1024;  // a group_key or concurrency_key: at most 1024 bytes (schedule)
 constexpr const char* kTrancheName = "pg_throttle fair cursors";
 
 struct CursorSlot {
-    Oid dbid;  // InvalidOid: free
+    Oid dbid;     // InvalidOid: free
+    int32 turns;  // FairTurns
     uint32 hash;
     uint64 last_used;
     int32 queue_length;
@@ -28,11 +29,12 @@ static_assert(std::is_trivially_copyable_v<CursorsShared>);
 CursorsShared* shared = nullptr;
 LWLock* lock = nullptr;
 
-// The slot of (MyDatabaseId, queue), or -1. Under the lock.
-int find(const char* queue, int length, uint32 hash) {
+// The slot of (MyDatabaseId, turns, queue), or -1. Under the lock.
+int find(FairTurns turns, const char* queue, int length, uint32 hash) {
     for (int i = 0; i < kSlots; i++) {
         const CursorSlot& slot = shared->slots[i];
-        if (slot.dbid == MyDatabaseId && slot.hash == hash && slot.queue_length == length &&
+        if (slot.dbid == MyDatabaseId && slot.turns == static_cast<int32>(turns) &&
+            slot.hash == hash && slot.queue_length == length &&
             memcmp(slot.queue, queue, static_cast<size_t>(length)) == 0) {
             return i;
         }
@@ -75,7 +77,7 @@ void fair_cursors_attach_shmem() {
     lock = &GetNamedLWLockTranche(kTrancheName)[0].lock;
 }
 
-text* fair_cursor_of(const text* queue) {
+text* fair_cursor_of(FairTurns turns, const text* queue) {
     const int length = static_cast<int>(VARSIZE_ANY_EXHDR(queue));
     if (shared == nullptr || length >= kQueueBytes) {
         return nullptr;
@@ -85,7 +87,7 @@ text* fair_cursor_of(const text* queue) {
     char key[kKeyBytes];
     int key_length = -1;
     LWLockAcquire(lock, LW_SHARED);
-    const int found = find(bytes, length, hash);
+    const int found = find(turns, bytes, length, hash);
     if (found >= 0) {
         key_length = shared->slots[found].key_length;
         memcpy(key, shared->slots[found].key, static_cast<size_t>(key_length));
@@ -94,20 +96,21 @@ text* fair_cursor_of(const text* queue) {
     return key_length < 0 ? nullptr : cstring_to_text_with_len(key, key_length);
 }
 
-void fair_cursor_store(const text* queue, const text* group_key) {
+void fair_cursor_store(FairTurns turns, const text* queue, const text* key) {
     const int length = static_cast<int>(VARSIZE_ANY_EXHDR(queue));
-    const int key_length = static_cast<int>(VARSIZE_ANY_EXHDR(group_key));
+    const int key_length = static_cast<int>(VARSIZE_ANY_EXHDR(key));
     if (shared == nullptr || length >= kQueueBytes || key_length > kKeyBytes) {
         return;  // (schedule refuses longer keys)
     }
     const char* bytes = VARDATA_ANY(queue);
     const uint32 hash = hash_of(bytes, length);
     LWLockAcquire(lock, LW_EXCLUSIVE);
-    int found = find(bytes, length, hash);
+    int found = find(turns, bytes, length, hash);
     if (found < 0) {
         found = take_slot();
         CursorSlot& slot = shared->slots[found];
         slot.dbid = MyDatabaseId;
+        slot.turns = static_cast<int32>(turns);
         slot.hash = hash;
         slot.queue_length = length;
         memcpy(slot.queue, bytes, static_cast<size_t>(length));
@@ -115,7 +118,7 @@ void fair_cursor_store(const text* queue, const text* group_key) {
     CursorSlot& slot = shared->slots[found];
     slot.last_used = ++shared->uses;
     slot.key_length = key_length;
-    memcpy(slot.key, VARDATA_ANY(group_key), static_cast<size_t>(key_length));
+    memcpy(slot.key, VARDATA_ANY(key), static_cast<size_t>(key_length));
     LWLockRelease(lock);
 }
 
