@@ -6,6 +6,7 @@
 #include "pg/locks/locks.hpp"
 #include "pg/registry/registry.hpp"
 #include "pg/queue/fair_cursors.hpp"
+#include "pg/queue/no_key_writes.hpp"
 #include "pg/queue/scan_floors.hpp"
 #include "pg/queue/wakeups.hpp"
 #include "pg/scale_out/arrivals.hpp"
@@ -155,6 +156,7 @@ void on_process_utility(PlannedStmt* pstmt, const char* query_string, bool read_
     }
     if (is_commit_prepared(statement)) {
         pg_throttle::pg::wakeups_pass_from_the_start();
+        pg_throttle::pg::no_key_writes_all_moved();
     }
 }
 
@@ -169,6 +171,7 @@ void on_shmem_request() {
     pg_throttle::pg::arrivals_request_shmem();
     pg_throttle::pg::scan_floors_request_shmem();
     pg_throttle::pg::fair_cursors_request_shmem();
+    pg_throttle::pg::no_key_writes_request_shmem();
     pg_throttle::pg::wakeups_request_shmem();
     RequestAddinShmemSpace(pg_throttle::pg::waiters_shmem_size());
 }
@@ -185,6 +188,7 @@ void on_shmem_startup() {
     pg_throttle::pg::arrivals_attach_shmem();
     pg_throttle::pg::scan_floors_attach_shmem();
     pg_throttle::pg::fair_cursors_attach_shmem();
+    pg_throttle::pg::no_key_writes_attach_shmem();
     pg_throttle::pg::wakeups_attach_shmem();
     pg_throttle::pg::waiters_attach_shmem();
     LWLockRelease(AddinShmemInitLock);

@@ -253,6 +253,71 @@ def held_and_expired(tap):
     conn.close()
 
 
+def serve_reading(conn, cur, queue):
+    """serve(cur, 1, queue) in a transaction of its own: the key served, and the rows of
+    throttle.event the claim and its complete read."""
+    conn.autocommit = False
+    cur.execute("SET pg_throttle.test_clock = %s", (CLOCK,))
+    before = event_rows_read(cur)
+    served = serve(cur, 1, queue)[0]
+    read = event_rows_read(cur) - before
+    conn.commit()
+    conn.autocommit = True
+    return served, read
+
+
+def no_key_hint(tap):
+    """The events without a key: the look for them reads past the due keyed events; a claim that
+    found none pending keeps a hint with the queue's cursor, which every commit of such an event
+    (and the time it falls due) voids: never one left behind."""
+    conn = connect()
+    cur = conn.cursor()
+    queue = QUEUE + ".hint"
+    cur.execute("SET pg_throttle.test_clock = %s", (CLOCK,))
+    cur.execute("INSERT INTO throttle.concurrency_policy (queue, max_claimed, fairness)"
+                " VALUES (%s, 5, 'round_robin')", (queue,))
+    cur.execute("SELECT count(throttle.schedule(%s, k || n, throttle.now() - interval '1 hour'"
+                " + n * interval '1 ms', concurrency_key => k))"
+                " FROM unnest('{A,B}'::text[]) k, generate_series(1, 300) n", (queue,))
+    tap.is_(serve(cur, 2, queue), ["A", "B"], "hint: oldest first sets the cursor, then B")
+    served, read_look = serve_reading(conn, cur, queue)
+    tap.ok(served == "A" and read_look > 600,
+           "hint: the wrap after B looks for events without a key, past the keyed ones",
+           f"served {served}, rows read {read_look}")
+    tap.is_(serve(cur, 1, queue), ["B"], "hint: then B")
+    served, read_hinted = serve_reading(conn, cur, queue)
+    tap.ok(served == "A" and read_hinted < 50,
+           "hint: the next wrap skips the look (none was pending, none written since)",
+           f"served {served}, rows read {read_hinted} (the look: {read_look})")
+    print(f"# the wrap that looks read {read_look} rows, the hinted one {read_hinted}")
+
+    # A writer in progress while a claim looks: its commit voids the hint.
+    cur.execute("SELECT throttle.schedule(%s, 'x1', throttle.now())", (queue,))
+    writer = connect()
+    writer.autocommit = False
+    wcur = writer.cursor()
+    wcur.execute("SET pg_throttle.test_clock = %s", (CLOCK,))
+    wcur.execute("SELECT throttle.schedule(%s, 'late1', throttle.now())", (queue,))
+    # B, then x1 (its commit voided the hint), A, B, and A after a look that could not see late1.
+    tap.is_(serve(cur, 5, queue, what=2)[1], "x1",
+            "hint: a committed event without a key voids it: taken at its turn")
+    writer.commit()
+    writer.close()
+    tap.is_(serve(cur, 2, queue, what=2)[1], "late1",
+            "hint: an event whose writer was in progress while a claim looked is taken at its turn")
+
+    # An event scheduled for later: the hint lasts until it falls due.
+    cur.execute("SELECT throttle.schedule(%s, 'future1', throttle.now() + interval '10 minutes')",
+                (queue,))
+    tap.is_(serve(cur, 5, queue), ["A", "B", "A", "B", "A"],
+            "hint: an event without a key scheduled for later is not due yet")
+    cur.execute("SET pg_throttle.test_clock = %s", ("2030-01-01 12:11:00+00",))
+    tap.is_(serve(cur, 2, queue, what=2)[1], "future1",
+            "hint: ... and taken at its turn once it is due")
+    drop(cur, queue)
+    conn.close()
+
+
 def rules(tap):
     conn = connect()
     err = sql_error(conn, "INSERT INTO throttle.concurrency_policy (queue, fairness)"
@@ -330,10 +395,11 @@ def race(tap):
 
 
 def main():
-    tap = Tap(28)
+    tap = Tap(36)
     order(tap)
     rounds(tap)
     held_and_expired(tap)
+    no_key_hint(tap)
     rules(tap)
     race(tap)
     return tap.done()

@@ -57,6 +57,7 @@
 #include "pg/queue/event_rows.hpp"
 #include "pg/queue/fair_cursors.hpp"
 #include "pg/queue/mark_claimed.hpp"
+#include "pg/queue/no_key_writes.hpp"
 #include "pg/queue/scan_floors.hpp"
 #include "pg/registry/registry.hpp"
 
@@ -504,7 +505,8 @@ void claim_lean(FunctionCallInfo fcinfo, Datum queue, const Start& start, Datum 
 
 // The events without a concurrency_key in a round-robin queue's turns
 // (claim_key_turns.hpp): one at a time, from the highest priority down, by
-// due_events with no key open.
+// due_events with no key open; not looked for while the queue's hint says
+// none is pending (no_key_writes.hpp).
 struct UnkeyedScan {
     Datum queue;
     Datum now;
@@ -514,10 +516,41 @@ struct UnkeyedScan {
     Datum args[8];
     Scan due;
     bool positioned;  // `due` is at the current level
+    uint64 writes;    // the queue's count of such writes, read first
+    bool skip;        // the hint holds: none is pending
+    bool took_one;
+    bool hinted;  // this claim has looked
 };
+
+// When the first pending event without a key falls due (a look in the
+// latest snapshot): NULL when there is none.
+KeptPlan first_no_key_pending{
+    "SELECT min(e.run_at) FROM throttle.event e"
+    " WHERE e.queue = $1 AND e.state = 'pending' AND e.group_key IS NULL"
+    "   AND e.concurrency_key IS NULL",
+    1,
+    {TEXTOID},
+    nullptr};
+
+// The claim found no due event without a key: it looks when the first one
+// falls due, in a snapshot later than its count of writes, and keeps that
+// with the queue's cursor for the next claims.
+void record_no_key_hint(UnkeyedScan* unkeyed) {
+    unkeyed->hinted = true;
+    Datum args[1] = {unkeyed->queue};
+    run_kept_plan_latest(&first_no_key_pending, args, nullptr, SPI_OK_SELECT, 1);
+    bool is_null = true;
+    const Datum first = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null);
+    const NoKeyHint hint{unkeyed->writes, is_null ? DT_NOEND : DatumGetTimestampTz(first),
+                         GetCurrentTimestamp()};
+    fair_cursor_store_no_key_hint(DatumGetTextPP(unkeyed->queue), hint);
+}
 
 bool take_next_unkeyed(void* context, Ids* taken) {
     auto* unkeyed = static_cast<UnkeyedScan*>(context);
+    if (unkeyed->skip) {
+        return false;
+    }
     while (unkeyed->have_level) {
         Scan& due = unkeyed->due;
         if (!unkeyed->positioned) {
@@ -536,19 +569,37 @@ bool take_next_unkeyed(void* context, Ids* taken) {
             due.after = SPI_getbinval(row, SPI_tuptable->tupdesc, 3, &is_null);
             due.after_id = id;
             append(taken, id);
+            unkeyed->took_one = true;
             return true;
         }
         unkeyed->have_level = priority_below(unkeyed->queue, unkeyed->level, &unkeyed->level);
         unkeyed->positioned = false;
     }
+    if (!unkeyed->took_one && !unkeyed->hinted) {
+        record_no_key_hint(unkeyed);
+    }
     return false;
+}
+
+// Whether the queue's hint says that no event without a key is pending
+// now: kept with its cursor, no such write since, not too old.
+bool no_key_hint_holds(const text* queue, uint64 writes, TimestampTz now) {
+    NoKeyHint hint{};
+    return fair_cursor_no_key_hint(queue, &hint) && hint.count == writes && now < hint.until &&
+           GetCurrentTimestamp() - hint.looked_at <
+               static_cast<TimestampTz>(kNoKeyHintSeconds) * USECS_PER_SEC;
 }
 
 // Step 2 in a round-robin queue whose cursor is known: the keys in turn.
 void take_due_in_turns(Datum queue, Datum now, const Start& start, const text* cursor,
                        ConcurrencyKeys* keys, Ids* taken, int32 max) {
     ArrayType* none = construct_empty_array(TEXTOID);
-    UnkeyedScan unkeyed{queue, now, &start, start.have_level, start.level, {}, {}, false};
+    UnkeyedScan unkeyed{queue, now,   &start, start.have_level, start.level, {}, {}, false, 0,
+                        false, false, false};
+    // Read before any snapshot that looks (no_key_writes.hpp).
+    unkeyed.writes = no_key_writes_count(DatumGetTextPP(queue));
+    unkeyed.skip =
+        no_key_hint_holds(DatumGetTextPP(queue), unkeyed.writes, DatumGetTimestampTz(now));
     unkeyed.args[0] = queue;
     unkeyed.args[2] = now;
     unkeyed.args[3] = Int32GetDatum(1);

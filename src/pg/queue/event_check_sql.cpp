@@ -33,6 +33,7 @@
 
 // The core's headers (through clock.hpp) come before PostgreSQL's.
 #include "pg/server/clock.hpp"
+#include "pg/queue/no_key_writes.hpp"
 #include "pg/queue/scan_floors.hpp"
 #include "pg/queue/wakeups.hpp"
 #include "pg/server/boundary.hpp"
@@ -181,6 +182,9 @@ void note_for_floors(HeapTuple row, TupleDesc desc) {
     }
     if (!text_is(state, "pending")) {
         return;
+    }
+    if (is_null(row, desc, kConcurrencyKey)) {
+        no_key_write_note(queue);  // for round robin between keys (no_key_writes.hpp)
     }
     bool run_at_null = true;
     bool id_null = true;

@@ -16,6 +16,8 @@ struct CursorSlot {
     uint64 last_used;
     int32 queue_length;
     int32 key_length;
+    bool has_hint;  // FairTurns::kConcurrencyKeys: `hint` holds
+    NoKeyHint hint;
     char queue[kQueueBytes];
     char key[kKeyBytes];
 };
@@ -111,6 +113,7 @@ void fair_cursor_store(FairTurns turns, const text* queue, const text* key) {
         CursorSlot& slot = shared->slots[found];
         slot.dbid = MyDatabaseId;
         slot.turns = static_cast<int32>(turns);
+        slot.has_hint = false;
         slot.hash = hash;
         slot.queue_length = length;
         memcpy(slot.queue, bytes, static_cast<size_t>(length));
@@ -119,6 +122,38 @@ void fair_cursor_store(FairTurns turns, const text* queue, const text* key) {
     slot.last_used = ++shared->uses;
     slot.key_length = key_length;
     memcpy(slot.key, VARDATA_ANY(key), static_cast<size_t>(key_length));
+    LWLockRelease(lock);
+}
+
+bool fair_cursor_no_key_hint(const text* queue, NoKeyHint* hint) {
+    const int length = static_cast<int>(VARSIZE_ANY_EXHDR(queue));
+    if (shared == nullptr || length >= kQueueBytes) {
+        return false;
+    }
+    const char* bytes = VARDATA_ANY(queue);
+    bool found_hint = false;
+    LWLockAcquire(lock, LW_SHARED);
+    const int found = find(FairTurns::kConcurrencyKeys, bytes, length, hash_of(bytes, length));
+    if (found >= 0 && shared->slots[found].has_hint) {
+        *hint = shared->slots[found].hint;
+        found_hint = true;
+    }
+    LWLockRelease(lock);
+    return found_hint;
+}
+
+void fair_cursor_store_no_key_hint(const text* queue, const NoKeyHint& hint) {
+    const int length = static_cast<int>(VARSIZE_ANY_EXHDR(queue));
+    if (shared == nullptr || length >= kQueueBytes) {
+        return;
+    }
+    const char* bytes = VARDATA_ANY(queue);
+    LWLockAcquire(lock, LW_EXCLUSIVE);
+    const int found = find(FairTurns::kConcurrencyKeys, bytes, length, hash_of(bytes, length));
+    if (found >= 0) {
+        shared->slots[found].has_hint = true;
+        shared->slots[found].hint = hint;
+    }
     LWLockRelease(lock);
 }
 

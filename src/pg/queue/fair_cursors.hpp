@@ -34,4 +34,22 @@ text* fair_cursor_of(FairTurns turns, const text* queue);
 // nothing.
 void fair_cursor_store(FairTurns turns, const text* queue, const text* key);
 
+// What a round-robin claim of concurrency keys found of the queue's events
+// without a key: none pending before `until` (DT_NOEND: none), in a look
+// whose snapshot came after the queue's count of such writes was `count`
+// (no_key_writes.hpp), at `looked_at` (the server's real clock).
+struct NoKeyHint {
+    uint64 count;
+    TimestampTz until;
+    TimestampTz looked_at;
+};
+
+// The hint kept with the key cursor of `queue`; false when none is. Raises
+// nothing.
+bool fair_cursor_no_key_hint(const text* queue, NoKeyHint* hint);
+
+// Keeps `hint` with the key cursor of `queue`, when it has one. Raises
+// nothing.
+void fair_cursor_store_no_key_hint(const text* queue, const NoKeyHint& hint);
+
 }  // namespace pg_throttle::pg
