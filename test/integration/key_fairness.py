@@ -318,6 +318,40 @@ def no_key_hint(tap):
     conn.close()
 
 
+def keys_not_due(tap):
+    """Review: keys whose pending events are all for later (or all held back by their item_key)
+    must not use up the 16 keys a claim may meet: a key with due events after 16 such keys in
+    the turn is served. And an event with concurrency_key '' (written directly; schedule refuses
+    it) is served in turn, not left behind."""
+    conn = connect()
+    cur = conn.cursor()
+    queue = QUEUE + ".notdue"
+    cur.execute("SET pg_throttle.test_clock = %s", (CLOCK,))
+    cur.execute("INSERT INTO throttle.concurrency_policy (queue, max_claimed, fairness)"
+                " VALUES (%s, 5, 'round_robin')", (queue,))
+    cur.execute("SELECT count(throttle.schedule(%s, 'f' || g, throttle.now() + interval '1 year',"
+                " concurrency_key => 'k' || lpad(g::text, 2, '0'))) FROM generate_series(1, 20) g",
+                (queue,))
+    cur.execute("SELECT count(throttle.schedule(%s, 'z' || g, throttle.now() - interval '1 minute',"
+                " concurrency_key => 'z')) FROM generate_series(1, 5) g", (queue,))
+    tap.is_(serve(cur, 3, queue), ["z", "z", "z"],
+            "a key after 20 keys with no due event is served in turn")
+    drop(cur, queue)
+
+    queue = QUEUE + ".emptykey"
+    cur.execute("INSERT INTO throttle.concurrency_policy (queue, max_claimed, fairness)"
+                " VALUES (%s, 5, 'round_robin')", (queue,))
+    cur.execute("SELECT count(throttle.schedule(%s, 'a' || g, throttle.now() - interval '1 minute',"
+                " concurrency_key => 'a')) FROM generate_series(1, 3) g", (queue,))
+    cur.execute("INSERT INTO throttle.event (queue, item_key, run_at, enqueued_at, enqueued_by,"
+                " concurrency_key) SELECT %s, 'e' || g, throttle.now() - interval '2 minutes',"
+                " throttle.now(), 'review', '' FROM generate_series(1, 3) g", (queue,))
+    tap.is_(sorted(serve(cur, 6, queue)), ["", "", "", "a", "a", "a"],
+            "events with concurrency_key '' are served in turn too")
+    drop(cur, queue)
+    conn.close()
+
+
 def rules(tap):
     conn = connect()
     err = sql_error(conn, "INSERT INTO throttle.concurrency_policy (queue, fairness)"
@@ -395,11 +429,12 @@ def race(tap):
 
 
 def main():
-    tap = Tap(36)
+    tap = Tap(38)
     order(tap)
     rounds(tap)
     held_and_expired(tap)
     no_key_hint(tap)
+    keys_not_due(tap)
     rules(tap)
     race(tap)
     return tap.done()
