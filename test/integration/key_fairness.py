@@ -349,6 +349,20 @@ def keys_not_due(tap):
     tap.is_(sorted(serve(cur, 6, queue)), ["", "", "", "a", "a", "a"],
             "events with concurrency_key '' are served in turn too")
     drop(cur, queue)
+
+    # A key longer than the cursor's 1 024 bytes (written directly): the cursor stays before it.
+    queue = QUEUE + ".longkey"
+    cur.execute("INSERT INTO throttle.concurrency_policy (queue, max_claimed, fairness)"
+                " VALUES (%s, 100, 'round_robin')", (queue,))
+    cur.execute("SELECT count(throttle.schedule(%s, 'a' || g, throttle.now() - interval '2 minutes',"
+                " concurrency_key => 'a')) FROM generate_series(1, 5) g", (queue,))
+    cur.execute("INSERT INTO throttle.event (queue, item_key, run_at, enqueued_at, enqueued_by,"
+                " concurrency_key) SELECT %s, 'l' || g, throttle.now() - interval '1 minute',"
+                " throttle.now(), 'review', repeat('b', 2000) FROM generate_series(1, 10) g",
+                (queue,))
+    served = [k[:1] for k in serve(cur, 5, queue)]
+    tap.is_(served, ["a", "b", "a", "b", "a"], "a key of 2 000 bytes does not keep the turn")
+    drop(cur, queue)
     conn.close()
 
 
@@ -429,7 +443,7 @@ def race(tap):
 
 
 def main():
-    tap = Tap(38)
+    tap = Tap(39)
     order(tap)
     rounds(tap)
     held_and_expired(tap)
