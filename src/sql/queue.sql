@@ -81,11 +81,7 @@ CREATE INDEX event_claimed_groups ON throttle.event (queue, group_key, claim_tok
     WHERE state = 'claimed' AND group_key IS NOT NULL;
 CREATE INDEX event_claimed_concurrency ON throttle.event (queue, concurrency_key)
     WHERE state = 'claimed' AND concurrency_key IS NOT NULL;
--- A key's pending events in the order claim takes them (highest priority,
--- then oldest): a round-robin claim's turn of a key, and the wake-up when a
--- claim of a key ends, read its first due entry; the loose scan of a
--- round-robin claim descends it once per key.
-CREATE INDEX event_pending_concurrency ON throttle.event (queue, concurrency_key, priority DESC, run_at)
+CREATE INDEX event_pending_concurrency ON throttle.event (queue, concurrency_key, run_at)
     WHERE state = 'pending' AND concurrency_key IS NOT NULL;
 CREATE INDEX event_dead ON throttle.event (queue, completed_at)
     WHERE state = 'dead';
@@ -100,7 +96,7 @@ RETURNS trigger
 AS 'MODULE_PATHNAME', 'pg_throttle_event_check'
 LANGUAGE C;
 COMMENT ON FUNCTION throttle._event_check() IS
-    'Internal: the rules of a row of throttle.event, as a trigger: event_queue_check (queue <> '''' AND octet_length(queue) <= 63), event_item_key_check (item_key <> ''''), event_state_check (state IN (''pending'', ''claimed'', ''dead'')), event_max_attempts_check (max_attempts > 0), event_concurrency_key_ungrouped (concurrency_key IS NULL OR group_key IS NULL); raises 23514 naming the rule. A pending event without attempts left is stored dead, as its next claim would have made it.';
+    'Internal: the rules of a row of throttle.event, as a trigger: event_queue_check (queue <> '''' AND octet_length(queue) <= 63), event_item_key_check (item_key <> ''''), event_state_check (state IN (''pending'', ''claimed'', ''dead'')), event_max_attempts_check (max_attempts > 0), event_concurrency_key_ungrouped (concurrency_key IS NULL OR group_key IS NULL), and on a key it writes (an INSERT, or an UPDATE that changes it) event_concurrency_key_check (concurrency_key <> '''' AND octet_length(concurrency_key) <= 1024), event_group_key_check (octet_length(group_key) <= 1024); raises 23514 naming the rule. A pending event without attempts left is stored dead, as its next claim would have made it.';
 REVOKE EXECUTE ON FUNCTION throttle._event_check() FROM PUBLIC;
 CREATE TRIGGER event_check BEFORE INSERT OR UPDATE ON throttle.event
     FOR EACH ROW EXECUTE FUNCTION throttle._event_check();
@@ -251,7 +247,7 @@ CREATE TABLE throttle.concurrency_policy (
 COMMENT ON TABLE throttle.concurrency_policy IS
     'How throttle.claim hands out the events that carry a concurrency_key, per queue: how many of one key at once, and in which order; a queue not named here has one per key, oldest first.';
 COMMENT ON COLUMN throttle.concurrency_policy.max_claimed IS 'How many events of one concurrency_key may be claimed at once (claims whose lease holds), whichever workers hold them.';
-COMMENT ON COLUMN throttle.concurrency_policy.fairness IS 'Which due events claim takes first, after expired claims: oldest_first, by priority then run_at whatever their key; round_robin, one event per key in turn by concurrency_key (the key''s highest priority, then oldest), starting after the key served last in the queue, the events without a key taking their turn after the last key (kept in shared memory: a queue whose turn is not known is served oldest first once, which sets it).';
+COMMENT ON COLUMN throttle.concurrency_policy.fairness IS 'Which due events claim takes first, after expired claims: oldest_first, by priority then run_at whatever their key; round_robin, one event per key in turn by concurrency_key (the key''s oldest due event), starting after the key served last in the queue, the events without a key taking their turn after the last key (kept in shared memory: a queue whose turn is not known is served oldest first once, which sets it).';
 GRANT SELECT ON throttle.concurrency_policy TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('throttle.concurrency_policy', '');
 
@@ -801,7 +797,7 @@ LANGUAGE sql AS $$
     SELECT pg_notify(u.queue, u.id::text) FROM throttle.event u  -- event_pending_key
     WHERE (u.queue, u.item_key) IN (SELECT f.queue, f.item_key FROM unnest(ended) AS f)
       AND u.state = 'pending' AND u.run_at <= throttle.now();
-    -- A claim of a concurrency_key ended: the key's next due event.
+    -- A claim of a concurrency_key ended: the key's oldest due event.
     SELECT pg_notify(k.queue, w.id::text)
     FROM (SELECT DISTINCT f.queue, f.concurrency_key FROM unnest(ended) AS f
           WHERE f.concurrency_key IS NOT NULL) AS k
@@ -809,10 +805,10 @@ LANGUAGE sql AS $$
                         WHERE u.queue = k.queue AND u.concurrency_key = k.concurrency_key
                           AND u.state = 'pending' AND u.concurrency_key IS NOT NULL
                           AND u.run_at <= throttle.now()
-                        ORDER BY u.priority DESC, u.run_at LIMIT 1) AS w
+                        ORDER BY u.run_at LIMIT 1) AS w
 $$;
 COMMENT ON FUNCTION throttle._notify_successors(throttle.event[]) IS
-    'Internal: NOTIFYs the due pending runs of the item_keys of events whose claim ended, and the next due event (highest priority, then oldest) of their concurrency_keys.';
+    'Internal: NOTIFYs the due pending runs of the item_keys of events whose claim ended, and the oldest due event of their concurrency_keys.';
 
 CREATE FUNCTION throttle.complete(ids bigint[], token bigint)
 RETURNS integer

@@ -134,7 +134,7 @@ def order(tap):
     tap.is_(serve(cur, 6, QUEUE), ["B", "C", None, "A", None, "A"],
             "round_robin: the events without a key come after the last key, once per round")
 
-    # Priority orders a key's events, not the keys.
+    # Priority orders neither a key's events (oldest first) nor the keys (their turn).
     cur.execute("SELECT throttle.schedule(%s, 'b_low', throttle.now() - interval '30 minutes',"
                 " concurrency_key => 'B')", (QUEUE,))
     cur.execute("SELECT throttle.schedule(%s, 'b_high', throttle.now() - interval '1 minute',"
@@ -142,8 +142,8 @@ def order(tap):
     cur.execute("SELECT throttle.schedule(%s, 'c_top', throttle.now() - interval '1 minute',"
                 " priority => 9, concurrency_key => 'C')", (QUEUE,))
     served = serve(cur, 4, QUEUE, what=2)
-    tap.is_([served[0], served[1], served[2][0], served[3]], ["b_high", "c_top", "a", "b_low"],
-            "round_robin: a key's highest priority first; C's higher priority waits for its turn")
+    tap.is_([served[0], served[1], served[2][0], served[3]], ["b_low", "c_top", "a", "b_high"],
+            "round_robin: a key's oldest event first, whatever its priority; C's waits for its turn")
 
     # A paused queue hands out nothing; resumed, the turn goes on.
     cur.execute("SELECT throttle.pause(%s)", (QUEUE,))
@@ -321,8 +321,9 @@ def no_key_hint(tap):
 def keys_not_due(tap):
     """Review: keys whose pending events are all for later (or all held back by their item_key)
     must not use up the 16 keys a claim may meet: a key with due events after 16 such keys in
-    the turn is served. And an event with concurrency_key '' (written directly; schedule refuses
-    it) is served in turn, not left behind."""
+    the turn is served. Keys the cursor cannot keep ('', which stands for the events without a
+    key, and keys over 1 024 bytes; schedule refuses both) are refused when written directly
+    too, also by an UPDATE that sets them, so none is left behind or keeps the turn."""
     conn = connect()
     cur = conn.cursor()
     queue = QUEUE + ".notdue"
@@ -336,32 +337,30 @@ def keys_not_due(tap):
                 " concurrency_key => 'z')) FROM generate_series(1, 5) g", (queue,))
     tap.is_(serve(cur, 3, queue), ["z", "z", "z"],
             "a key after 20 keys with no due event is served in turn")
+    # A key with 3 000 events scheduled for later: its turn reads none of them.
+    cur.execute("SELECT count(throttle.schedule(%s, 'later' || g, throttle.now() + g * interval '1 s',"
+                " concurrency_key => 'y')) FROM generate_series(1, 3000) g", (queue,))
+    served, read = serve_reading(conn, cur, queue)
+    tap.ok(served == "z" and read < 100,
+           "a key with 3 000 events for later costs its turn a few rows, not its events",
+           f"served {served}, rows read {read}")
     drop(cur, queue)
 
-    queue = QUEUE + ".emptykey"
-    cur.execute("INSERT INTO throttle.concurrency_policy (queue, max_claimed, fairness)"
-                " VALUES (%s, 5, 'round_robin')", (queue,))
-    cur.execute("SELECT count(throttle.schedule(%s, 'a' || g, throttle.now() - interval '1 minute',"
-                " concurrency_key => 'a')) FROM generate_series(1, 3) g", (queue,))
-    cur.execute("INSERT INTO throttle.event (queue, item_key, run_at, enqueued_at, enqueued_by,"
-                " concurrency_key) SELECT %s, 'e' || g, throttle.now() - interval '2 minutes',"
-                " throttle.now(), 'review', '' FROM generate_series(1, 3) g", (queue,))
-    tap.is_(sorted(serve(cur, 6, queue)), ["", "", "", "a", "a", "a"],
-            "events with concurrency_key '' are served in turn too")
-    drop(cur, queue)
-
-    # A key longer than the cursor's 1 024 bytes (written directly): the cursor stays before it.
-    queue = QUEUE + ".longkey"
-    cur.execute("INSERT INTO throttle.concurrency_policy (queue, max_claimed, fairness)"
-                " VALUES (%s, 100, 'round_robin')", (queue,))
-    cur.execute("SELECT count(throttle.schedule(%s, 'a' || g, throttle.now() - interval '2 minutes',"
-                " concurrency_key => 'a')) FROM generate_series(1, 5) g", (queue,))
-    cur.execute("INSERT INTO throttle.event (queue, item_key, run_at, enqueued_at, enqueued_by,"
-                " concurrency_key) SELECT %s, 'l' || g, throttle.now() - interval '1 minute',"
-                " throttle.now(), 'review', repeat('b', 2000) FROM generate_series(1, 10) g",
-                (queue,))
-    served = [k[:1] for k in serve(cur, 5, queue)]
-    tap.is_(served, ["a", "b", "a", "b", "a"], "a key of 2 000 bytes does not keep the turn")
+    queue = QUEUE + ".badkey"
+    insert = ("INSERT INTO throttle.event (queue, item_key, run_at, enqueued_at, enqueued_by,"
+              " concurrency_key) VALUES (%s, %s, throttle.now(), throttle.now(), 'test', %s)")
+    errors = [(sql_error(conn, insert, (queue, "e", key)) or [None])[0]
+              for key in ("", "b" * 1025)]
+    tap.is_(errors, ["23514", "23514"],
+            "a concurrency_key '' or of 1 025 bytes written directly is refused (23514)")
+    cur.execute(insert, (queue, "ok", "b" * 1024))
+    err = sql_error(conn, "UPDATE throttle.event SET concurrency_key = '' WHERE queue = %s",
+                    (queue,))
+    group = sql_error(conn, "INSERT INTO throttle.event (queue, item_key, run_at, enqueued_at,"
+                            " enqueued_by, group_key) VALUES (%s, 'g', throttle.now(),"
+                            " throttle.now(), 'test', repeat('g', 1025))", (queue,))
+    tap.is_([(err or [None])[0], (group or [None])[0]], ["23514", "23514"],
+            "an UPDATE that sets '', and a group_key of 1 025 bytes, are refused too")
     drop(cur, queue)
     conn.close()
 
@@ -443,7 +442,7 @@ def race(tap):
 
 
 def main():
-    tap = Tap(39)
+    tap = Tap(40)
     order(tap)
     rounds(tap)
     held_and_expired(tap)

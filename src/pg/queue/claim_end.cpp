@@ -58,7 +58,7 @@ KeptPlan notify_item_key_runs{
     nullptr};
 
 // Its second statement: a claim of a concurrency_key ended, which may let
-// the key's next due event (highest priority, then oldest) go.
+// the key's oldest due event go.
 KeptPlan key_waiters{
     "SELECT pg_notify(k.queue, w.id::text)"
     " FROM (SELECT DISTINCT f.queue, f.concurrency_key"
@@ -68,7 +68,7 @@ KeptPlan key_waiters{
     "                     WHERE u.queue = k.queue AND u.concurrency_key = k.concurrency_key"
     "                       AND u.state = 'pending' AND u.concurrency_key IS NOT NULL"
     "                       AND u.run_at <= $3"
-    "                     ORDER BY u.priority DESC, u.run_at LIMIT 1) AS w",
+    "                     ORDER BY u.run_at LIMIT 1) AS w",
     3,
     {TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID},
     nullptr};

@@ -26,7 +26,7 @@ void release_emptied_groups(Datum queues, Datum group_keys, Datum token);
 // ended event). Inside SPI_connect.
 void notify_successors(Datum queues, Datum item_keys, Datum concurrency_keys);
 
-// Its second part alone: NOTIFYs the next due event of each of the
+// Its second part alone: NOTIFYs the oldest due event of each of the
 // ended events' concurrency_keys (text[], NULL for an event without one;
 // complete finds the item_key runs with its move). Inside SPI_connect.
 void notify_key_waiters(Datum queues, Datum concurrency_keys);

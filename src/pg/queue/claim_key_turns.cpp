@@ -18,10 +18,11 @@ KeptPlan next_key{
     {TEXTOID, TEXTOID, TEXTOID},
     nullptr};
 
-// The next due event of key $2 (event_pending_concurrency, in its order:
-// the highest priority, then oldest), but for the ones this claim took
-// ($4: its own locks, which SKIP LOCKED does not skip). An event whose
-// item_key has a claimed run waits for it, as in claim's other scans.
+// The oldest due event of key $2 (event_pending_concurrency: run_at <= $3
+// bounds the scan, so events scheduled for later cost nothing), but for the
+// ones this claim took ($4: its own locks, which SKIP LOCKED does not
+// skip). An event whose item_key has a claimed run waits for it, as in
+// claim's other scans.
 KeptPlan key_next_event{
     "SELECT e.id FROM throttle.event e"
     " WHERE e.queue = $1 AND e.state = 'pending' AND e.concurrency_key = $2"
@@ -30,7 +31,7 @@ KeptPlan key_next_event{
     "   AND NOT EXISTS (SELECT 1 FROM throttle.event c"  // event_claimed_key
     "                   WHERE c.queue = e.queue AND c.item_key = e.item_key"
     "                     AND c.state = 'claimed' OFFSET 0)"
-    " ORDER BY e.priority DESC, e.run_at LIMIT 1 FOR UPDATE OF e SKIP LOCKED",
+    " ORDER BY e.run_at LIMIT 1 FOR UPDATE OF e SKIP LOCKED",
     4,
     {TEXTOID, TEXTOID, TIMESTAMPTZOID, INT8ARRAYOID},
     nullptr};
@@ -60,9 +61,13 @@ bool serve(Turns* turns, Participant* p) {
         turns->taken->last_key = turns->no_key;
         return true;
     }
-    if (!concurrency_key_has_room(claim.keys, p->key)) {
+    if (concurrency_key_known_full(*claim.keys, p->key)) {
         return false;
     }
+    // The event first, then the key: a key with no due event is passed
+    // without its lock, so it takes none of the claim's kMaxKeysPerClaim.
+    // An event whose key has no room stays locked until the claim ends, as
+    // in claim's other scans.
     Datum args[4] = {claim.queue, PointerGetDatum(p->key), claim.now,
                      PointerGetDatum(ids_array(p->of_key.values, p->of_key.count))};
     run_kept_plan(&key_next_event, args, nullptr, SPI_OK_SELECT, 1);
@@ -71,7 +76,9 @@ bool serve(Turns* turns, Participant* p) {
     }
     bool is_null = false;
     const Datum id = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null);
-    (void)concurrency_key_admit(claim.keys, p->key);  // it has room: counts the event
+    if (!concurrency_key_admit(claim.keys, p->key)) {
+        return false;
+    }
     append(turns->taken, id);
     append(&p->of_key, id);
     turns->taken->last_key = p->key;

@@ -5,13 +5,13 @@
 // order, starting after the key served last in the queue (fair_cursors.hpp),
 // then the events without a key (one participant, after the last key), then
 // the keys from the first up to the one served last. Of each it takes one
-// due event, if the key has room (concurrency_keys.hpp): the key's highest
-// priority, then oldest. While the claim wants more, it goes round again
-// over those that gave one, one event each per round. The keys come from a
-// loose scan of event_pending_concurrency (one descent per key, however
-// many events it has), so a key with 100 000 due events costs the others
-// one look-up. Priority orders the events of one key, and the events
-// without a key; the turn orders the keys.
+// due event, if the key has room (concurrency_keys.hpp): the key's oldest.
+// While the claim wants more, it goes round again over those that gave
+// one, one event each per round. The keys come from a loose scan of
+// event_pending_concurrency (one descent per key, however many events it
+// has), so a key with 100 000 due events costs the others one look-up.
+// The turn orders the keys and run_at a key's events; priority orders only
+// the events without a key.
 #pragma once
 
 #include "pg/queue/claimed_ids.hpp"

@@ -10,7 +10,7 @@
 //  3. NOTIFYs the due runs scheduled for the finished events' item_keys
 //     while they ran (found by the move itself); releases, at commit, the
 //     leases of group claims with nothing left claimed, and NOTIFYs the due
-//     events of those groups and the next due event of the finished
+//     events of those groups and the oldest due event of the finished
 //     events' concurrency_keys (claim_end.hpp).
 //  4. When the token did not hold every event given, a NOTICE says so
 //     (claim_not_held.hpp).

@@ -89,12 +89,12 @@ int32 room_of(ConcurrencyKeys* keys, const text* key) {
     return claimed >= max_claimed ? 0 : static_cast<int32>(max_claimed - claimed);
 }
 
-KeyRoom* find(ConcurrencyKeys* keys, const text* key) {
-    for (int i = 0; i < keys->count; ++i) {
-        const text* known = keys->keys[i].key;
+KeyRoom* find(const ConcurrencyKeys& keys, const text* key) {
+    for (int i = 0; i < keys.count; ++i) {
+        const text* known = keys.keys[i].key;
         if (VARSIZE_ANY_EXHDR(known) == VARSIZE_ANY_EXHDR(key) &&
             std::memcmp(VARDATA_ANY(known), VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key)) == 0) {
-            return &keys->keys[i];
+            return &keys.keys[i];
         }
     }
     return nullptr;
@@ -147,7 +147,7 @@ namespace {
 // The claim's entry of `key`: the first time it meets `key`, it takes the
 // key lock and counts the key's claims.
 KeyRoom* meet(ConcurrencyKeys* keys, const text* key) {
-    KeyRoom* entry = find(keys, key);
+    KeyRoom* entry = find(*keys, key);
     if (entry == nullptr) {
         if (keys->locked >= kMaxKeysPerClaim || !try_lock_key(keys->queue, key)) {
             entry = add(keys, key, 0);
@@ -175,8 +175,9 @@ bool concurrency_key_admit(ConcurrencyKeys* keys, const text* key) {
     return true;
 }
 
-bool concurrency_key_has_room(ConcurrencyKeys* keys, const text* key) {
-    return meet(keys, key)->room > 0;
+bool concurrency_key_known_full(const ConcurrencyKeys& keys, const text* key) {
+    const KeyRoom* entry = find(keys, key);
+    return entry != nullptr && entry->room == 0;
 }
 
 bool concurrency_keys_may_meet_more(const ConcurrencyKeys& keys) {

@@ -77,10 +77,10 @@ LOCKTAG concurrency_key_lock_tag(Datum queue, const text* key);
 // the key's claims (inside SPI_connect; SPI_tuptable is replaced).
 bool concurrency_key_admit(ConcurrencyKeys* keys, const text* key);
 
-// Whether the claim may take one more event of `key`, as admit would say,
-// without counting one as taken (round robin asks before it reads the
-// key's next event).
-bool concurrency_key_has_room(ConcurrencyKeys* keys, const text* key);
+// Whether the claim has met `key` (or its snapshot showed it full) and may
+// take no more of its events: round robin then passes the key without
+// reading its events. Meets nothing, takes no lock.
+bool concurrency_key_known_full(const ConcurrencyKeys& keys, const text* key);
 
 // Whether the claim may still meet keys it has not met (it holds fewer
 // than kMaxKeysPerClaim key locks, and no change of the policy held the

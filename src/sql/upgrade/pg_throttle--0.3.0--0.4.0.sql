@@ -349,7 +349,7 @@ RETURNS trigger
 AS 'MODULE_PATHNAME', 'pg_throttle_event_check'
 LANGUAGE C;
 COMMENT ON FUNCTION throttle._event_check() IS
-    'Internal: the rules of a row of throttle.event, as a trigger: event_queue_check (queue <> '''' AND octet_length(queue) <= 63), event_item_key_check (item_key <> ''''), event_state_check (state IN (''pending'', ''claimed'', ''dead'')), event_max_attempts_check (max_attempts > 0), event_concurrency_key_ungrouped (concurrency_key IS NULL OR group_key IS NULL); raises 23514 naming the rule. A pending event without attempts left is stored dead, as its next claim would have made it.';
+    'Internal: the rules of a row of throttle.event, as a trigger: event_queue_check (queue <> '''' AND octet_length(queue) <= 63), event_item_key_check (item_key <> ''''), event_state_check (state IN (''pending'', ''claimed'', ''dead'')), event_max_attempts_check (max_attempts > 0), event_concurrency_key_ungrouped (concurrency_key IS NULL OR group_key IS NULL), and on a key it writes (an INSERT, or an UPDATE that changes it) event_concurrency_key_check (concurrency_key <> '''' AND octet_length(concurrency_key) <= 1024), event_group_key_check (octet_length(group_key) <= 1024); raises 23514 naming the rule. A pending event without attempts left is stored dead, as its next claim would have made it.';
 REVOKE EXECUTE ON FUNCTION throttle._event_check() FROM PUBLIC;
 CREATE TRIGGER event_check BEFORE INSERT OR UPDATE ON throttle.event
     FOR EACH ROW EXECUTE FUNCTION throttle._event_check();
@@ -998,32 +998,9 @@ COMMENT ON TABLE throttle.group_policy IS
 COMMENT ON COLUMN throttle.group_policy.fairness IS 'Which free group claim_group serves first, after the groups of expired claims: oldest_first, the group of the oldest due event; round_robin, the due groups in turn by group_key, starting after the group served last in the queue (kept in shared memory: a queue whose turn is not known is served oldest first once, which sets it).';
 
 -- Round robin between concurrency keys (throttle.concurrency_policy.fairness):
--- a column at the end, as a fresh install has it; a key's pending events in
--- the order claim takes them, which its turn and the wake-up when a claim of
--- the key ends read first.
+-- a column at the end, as a fresh install has it.
 ALTER TABLE throttle.concurrency_policy
     ADD COLUMN fairness text NOT NULL DEFAULT 'oldest_first' CHECK (fairness IN ('oldest_first', 'round_robin'));
 COMMENT ON TABLE throttle.concurrency_policy IS
     'How throttle.claim hands out the events that carry a concurrency_key, per queue: how many of one key at once, and in which order; a queue not named here has one per key, oldest first.';
-COMMENT ON COLUMN throttle.concurrency_policy.fairness IS 'Which due events claim takes first, after expired claims: oldest_first, by priority then run_at whatever their key; round_robin, one event per key in turn by concurrency_key (the key''s highest priority, then oldest), starting after the key served last in the queue, the events without a key taking their turn after the last key (kept in shared memory: a queue whose turn is not known is served oldest first once, which sets it).';
-DROP INDEX throttle.event_pending_concurrency;
-CREATE INDEX event_pending_concurrency ON throttle.event (queue, concurrency_key, priority DESC, run_at)
-    WHERE state = 'pending' AND concurrency_key IS NOT NULL;
-CREATE OR REPLACE FUNCTION throttle._notify_successors(ended throttle.event[])
-RETURNS void
-LANGUAGE sql AS $$
-    SELECT pg_notify(u.queue, u.id::text) FROM throttle.event u  -- event_pending_key
-    WHERE (u.queue, u.item_key) IN (SELECT f.queue, f.item_key FROM unnest(ended) AS f)
-      AND u.state = 'pending' AND u.run_at <= throttle.now();
-    -- A claim of a concurrency_key ended: the key's next due event.
-    SELECT pg_notify(k.queue, w.id::text)
-    FROM (SELECT DISTINCT f.queue, f.concurrency_key FROM unnest(ended) AS f
-          WHERE f.concurrency_key IS NOT NULL) AS k
-    CROSS JOIN LATERAL (SELECT u.id FROM throttle.event u  -- event_pending_concurrency
-                        WHERE u.queue = k.queue AND u.concurrency_key = k.concurrency_key
-                          AND u.state = 'pending' AND u.concurrency_key IS NOT NULL
-                          AND u.run_at <= throttle.now()
-                        ORDER BY u.priority DESC, u.run_at LIMIT 1) AS w
-$$;
-COMMENT ON FUNCTION throttle._notify_successors(throttle.event[]) IS
-    'Internal: NOTIFYs the due pending runs of the item_keys of events whose claim ended, and the next due event (highest priority, then oldest) of their concurrency_keys.';
+COMMENT ON COLUMN throttle.concurrency_policy.fairness IS 'Which due events claim takes first, after expired claims: oldest_first, by priority then run_at whatever their key; round_robin, one event per key in turn by concurrency_key (the key''s oldest due event), starting after the key served last in the queue, the events without a key taking their turn after the last key (kept in shared memory: a queue whose turn is not known is served oldest first once, which sets it).';
