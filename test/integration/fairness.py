@@ -23,14 +23,11 @@ claim returned and when it called complete, spans inside the time the claim
 held its group: no instant may fall in 3 spans of one group, and every event
 is completed exactly once.
 """
-import collections
 import os
 import sys
-import threading
-import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pgconn import connect, event_rows_read, most_at_once, rows, sql_error  # noqa: E402
+from pgconn import connect, drain_race, event_rows_read, race_verdict, rows, sql_error  # noqa: E402
 from tap import Tap  # noqa: E402
 
 RUN = f"{os.getpid()}"
@@ -195,29 +192,6 @@ def rules(tap):
 RACE_GROUPS, RACE_PER_GROUP, RACE_WORKERS = 40, 8, 6
 
 
-def race_worker(queue, index, log, errors, stop_at):
-    conn = connect()
-    cur = conn.cursor()
-    try:
-        while time.monotonic() < stop_at:
-            got = rows(cur, "SELECT id, claim_token, group_key FROM throttle.claim_group("
-                            "%s, %s, '1 minute', 2)", (queue, f"w{index}"))
-            returned = time.monotonic()
-            if not got:
-                if rows(cur, "SELECT count(*) FROM throttle.event WHERE queue = %s", (queue,))[0][0] == 0:
-                    return
-                time.sleep(0.005)
-                continue
-            time.sleep(0.002)
-            ids, token, group = [r[0] for r in got], got[0][1], got[0][2]
-            completing = time.monotonic()
-            log.append((group, returned, completing, ids, complete(cur, ids, token)))
-    except Exception as e:  # noqa: BLE001 - reported as a test failure
-        errors.append(f"w{index}: {e}")
-    finally:
-        conn.close()
-
-
 def race(tap):
     conn = connect()
     cur = conn.cursor()
@@ -228,22 +202,12 @@ def race(tap):
                 " array_agg(now() - interval '1 minute' ORDER BY n), NULL,"
                 " array_agg('g' || lpad(((n - 1) / %s)::text, 2, '0') ORDER BY n))"
                 " FROM generate_series(1, %s) n", (queue, RACE_PER_GROUP, RACE_GROUPS * RACE_PER_GROUP))
-    log, errors = [], []
-    stop_at = time.monotonic() + 120
-    threads = [threading.Thread(target=race_worker, args=(queue, i, log, errors, stop_at))
-               for i in range(RACE_WORKERS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    log, errors = drain_race(queue, "SELECT id, claim_token, group_key FROM throttle.claim_group("
+                                    "%s, %s, '1 minute', 2)", RACE_WORKERS)
     tap.is_(errors, [], "race: no worker failed")
-    spans = collections.defaultdict(list)
-    for group, returned, completing, _, _ in log:
-        spans[group].append((returned, completing))
-    worst = max((most_at_once(s) for s in spans.values()), default=0)
+    worst, completed = race_verdict(log, per_event=False)
     tap.ok(worst <= 2, "race: no group was held by more than 2 claims at once under round_robin",
            f"most at once: {worst}")
-    completed = collections.Counter(i for *_, ids, done in log if done == len(ids) for i in ids)
     tap.ok(len(completed) == RACE_GROUPS * RACE_PER_GROUP and max(completed.values()) == 1,
            "race: every event was completed exactly once",
            f"{len(completed)} events, most completions of one: {max(completed.values(), default=0)}")

@@ -1,8 +1,10 @@
 """Connections to the cluster the suite runs against (libpq environment)."""
+import collections
 import os
 import re
 import subprocess
 import tempfile
+import threading
 import time
 
 import psycopg2
@@ -90,6 +92,61 @@ def most_at_once(spans):
         now += step
         best = max(best, now)
     return best
+
+
+def drain_race(queue, claim, workers, seconds=120):
+    """`workers` threads, each with its own connection, loop on `claim` (a query of
+    (queue, worker) returning rows (id, claim_token, key)) and complete what it returns, until
+    the queue is empty or `seconds` pass. Returns (log, errors): per claim, its events
+    [(id, key)], the instant the claim returned, the instant complete was called, and how many
+    events complete changed; the workers' errors."""
+    log, errors = [], []
+    stop_at = time.monotonic() + seconds
+
+    def work(index):
+        conn = connect()
+        cur = conn.cursor()
+        try:
+            while time.monotonic() < stop_at:
+                got = rows(cur, claim, (queue, f"w{index}"))
+                returned = time.monotonic()
+                if not got:
+                    if rows(cur, "SELECT count(*) FROM throttle.event WHERE queue = %s",
+                            (queue,))[0][0] == 0:
+                        return
+                    time.sleep(0.005)
+                    continue
+                time.sleep(0.002)
+                completing = time.monotonic()
+                done = rows(cur, "SELECT throttle.complete(%s::bigint[], %s)",
+                            ([r[0] for r in got], got[0][1]))[0][0]
+                log.append(([(r[0], r[2]) for r in got], returned, completing, done))
+        except Exception as e:  # noqa: BLE001 - reported as a test failure
+            errors.append(f"w{index}: {e}")
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return log, errors
+
+
+def race_verdict(log, per_event):
+    """From a drain_race log: the most claims (per_event: claimed events) that held one key at
+    once, and the count of completions per event id (complete changed every event its claim
+    held)."""
+    spans = collections.defaultdict(list)
+    for events, returned, completing, _ in log:
+        keys = [k for _, k in events] if per_event else {k for _, k in events}
+        for key in keys:
+            spans[key].append((returned, completing))
+    worst = max((most_at_once(s) for s in spans.values()), default=0)
+    completed = collections.Counter(i for events, _, _, done in log if done == len(events)
+                                    for i, _ in events)
+    return worst, completed
 
 
 def set_wakeups(admin, on):

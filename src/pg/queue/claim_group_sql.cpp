@@ -612,7 +612,7 @@ uint64 claim_round_robin(const GroupClaim& claim, const text* cursor, HTAB* trie
                 }
                 const uint64 claimed = claim_one_group(claim, group_key, rows, bucket_empty);
                 if (claimed > 0) {
-                    fair_cursor_store(FairTurns::kGroups, queue, group_key);
+                    fair_group_cursor_store(queue, group_key);
                     return claimed;
                 }
                 if (*bucket_empty) {
@@ -691,7 +691,7 @@ Datum claim_group(FunctionCallInfo fcinfo) {
     bool bucket_empty = false;
     for (KeptPlan* pass : {&expired_group_claims, &due_grouped_events}) {
         const text* cursor = pass == &due_grouped_events && policy.round_robin
-                                 ? fair_cursor_of(FairTurns::kGroups, DatumGetTextPP(claim.queue))
+                                 ? fair_group_cursor_of(DatumGetTextPP(claim.queue))
                                  : nullptr;
         if (cursor != nullptr) {
             claimed = claim_round_robin(claim, cursor, tried, &rows, &bucket_empty);
@@ -707,8 +707,7 @@ Datum claim_group(FunctionCallInfo fcinfo) {
                     SPI_getbinval(rows->vals[0], rows->tupdesc,
                                   SPI_fnumber(rows->tupdesc, "group_key"), &is_null);
                 if (!is_null) {
-                    fair_cursor_store(FairTurns::kGroups, DatumGetTextPP(claim.queue),
-                                      DatumGetTextPP(group_key));
+                    fair_group_cursor_store(DatumGetTextPP(claim.queue), DatumGetTextPP(group_key));
                 }
             }
         }

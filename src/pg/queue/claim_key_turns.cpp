@@ -7,16 +7,16 @@
 namespace pg_throttle::pg {
 namespace {
 
-// The first key after $2 with a pending event, and whether it comes after
-// $3 (NULL: no bound). One descent of event_pending_concurrency.
+// The first key with a pending event (after $2), and whether it comes
+// after $3 (NULL: no bound). One descent of event_pending_concurrency.
+#define FIRST_KEY(after)                                                                  \
+    "SELECT e.concurrency_key, e.concurrency_key > $3 FROM throttle.event e"              \
+    " WHERE e.queue = $1 AND e.state = 'pending' AND e.concurrency_key IS NOT NULL" after \
+    " ORDER BY e.concurrency_key LIMIT 1"
+KeptPlan first_key{FIRST_KEY(" AND $2::text IS NULL"), 3, {TEXTOID, TEXTOID, TEXTOID}, nullptr};
 KeptPlan next_key{
-    "SELECT e.concurrency_key, e.concurrency_key > $3 FROM throttle.event e"
-    " WHERE e.queue = $1 AND e.state = 'pending' AND e.concurrency_key IS NOT NULL"
-    "   AND e.concurrency_key > $2"
-    " ORDER BY e.concurrency_key LIMIT 1",
-    3,
-    {TEXTOID, TEXTOID, TEXTOID},
-    nullptr};
+    FIRST_KEY(" AND e.concurrency_key > $2"), 3, {TEXTOID, TEXTOID, TEXTOID}, nullptr};
+#undef FIRST_KEY
 
 // The oldest due event of key $2 (event_pending_concurrency: run_at <= $3
 // bounds the scan, so events scheduled for later cost nothing), but for the
@@ -45,7 +45,6 @@ struct Participant {
 struct Turns {
     const KeyTurnsClaim* claim;
     Ids* taken;
-    const text* no_key;   // '': taken->last_key for the events without a key
     Participant* served;  // those that gave an event this round
     int served_count;
     int served_capacity;
@@ -55,33 +54,27 @@ struct Turns {
 bool serve(Turns* turns, Participant* p) {
     const KeyTurnsClaim& claim = *turns->claim;
     if (p->key == nullptr) {
-        if (!claim.unkeyed.take_next(claim.unkeyed.context, turns->taken)) {
-            return false;
-        }
-        turns->taken->last_key = turns->no_key;
-        return true;
+        return claim.unkeyed.take_next(claim.unkeyed.context, turns->taken);
     }
-    if (concurrency_key_known_full(*claim.keys, p->key)) {
+    // The key first (its lock, the count of its claims): a key another
+    // claim is taking, or full, is passed without reading its events.
+    if (!concurrency_key_has_room(claim.keys, p->key)) {
         return false;
     }
-    // The event first, then the key: a key with no due event is passed
-    // without its lock, so it takes none of the claim's kMaxKeysPerClaim.
-    // An event whose key has no room stays locked until the claim ends, as
-    // in claim's other scans.
     Datum args[4] = {claim.queue, PointerGetDatum(p->key), claim.now,
                      PointerGetDatum(ids_array(p->of_key.values, p->of_key.count))};
     run_kept_plan(&key_next_event, args, nullptr, SPI_OK_SELECT, 1);
     if (SPI_processed == 0) {
+        // None due (or all held back): its lock goes, so that keys with
+        // nothing due do not use up the claim's kMaxKeysPerClaim.
+        concurrency_key_pass(claim.keys, p->key);
         return false;
     }
     bool is_null = false;
     const Datum id = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null);
-    if (!concurrency_key_admit(claim.keys, p->key)) {
-        return false;
-    }
-    append(turns->taken, id);
-    append(&p->of_key, id);
-    turns->taken->last_key = p->key;
+    (void)concurrency_key_admit(claim.keys, p->key);  // it has room: counts the event
+    append(turns->taken, id, p->key);
+    append(&p->of_key, id, p->key);
     return true;
 }
 
@@ -102,14 +95,14 @@ void first_round(Turns* turns, Participant p) {
     turns->served[turns->served_count++] = p;
 }
 
-// The first round over the keys after `after` (and up to `upto`, unless
-// nullptr), one descent each.
+// The first round over the keys after `after` (nullptr: from the first)
+// and up to `upto` (nullptr: to the last), one descent each.
 void keys_round(Turns* turns, const text* after, const text* upto) {
     const KeyTurnsClaim& claim = *turns->claim;
     while (!full(*turns) && concurrency_keys_may_meet_more(*claim.keys)) {
         Datum args[3] = {claim.queue, PointerGetDatum(after), PointerGetDatum(upto)};
-        const char nulls[3] = {' ', ' ', upto == nullptr ? 'n' : ' '};
-        run_kept_plan(&next_key, args, nulls, SPI_OK_SELECT, 1);
+        const char nulls[3] = {' ', after == nullptr ? 'n' : ' ', upto == nullptr ? 'n' : ' '};
+        run_kept_plan(after == nullptr ? &first_key : &next_key, args, nulls, SPI_OK_SELECT, 1);
         if (SPI_processed == 0) {
             return;
         }
@@ -129,17 +122,18 @@ void keys_round(Turns* turns, const text* after, const text* upto) {
 
 }  // namespace
 
-void take_in_turns(const KeyTurnsClaim& claim, const text* cursor, Ids* taken) {
-    Turns turns{&claim, taken, cstring_to_text(""), nullptr, 0, 8};
+void take_in_turns(const KeyTurnsClaim& claim, const KeyCursor& cursor, Ids* taken) {
+    Turns turns{&claim, taken, nullptr, 0, 8};
     turns.served = static_cast<Participant*>(palloc(sizeof(Participant) * 8));
-    // The first round: the keys after the cursor, the events without a key,
-    // the keys up to the cursor (none when it is the events without a key).
-    keys_round(&turns, cursor, nullptr);
+    // The first round: the keys after the cursor (all of them after the
+    // events without a key), the events without a key, the keys up to the
+    // cursor.
+    keys_round(&turns, cursor.no_key ? nullptr : cursor.key, nullptr);
     if (!full(turns)) {
         first_round(&turns, Participant{nullptr, Ids{}});
     }
-    if (!full(turns) && VARSIZE_ANY_EXHDR(cursor) > 0) {
-        keys_round(&turns, turns.no_key, cursor);
+    if (!full(turns) && !cursor.no_key) {
+        keys_round(&turns, nullptr, cursor.key);
     }
     // The next rounds, over those that gave one, while the claim wants more.
     while (!full(turns) && turns.served_count > 0) {

@@ -16,6 +16,7 @@
 
 #include "pg/queue/claimed_ids.hpp"
 #include "pg/queue/concurrency_keys.hpp"
+#include "pg/queue/fair_cursors.hpp"
 
 namespace pg_throttle::pg {
 
@@ -36,10 +37,9 @@ struct KeyTurnsClaim {
     int32 max;  // taken->count stops there
 };
 
-// Takes due events into `taken`, in turns after `cursor` (the key served
-// last; '': the events without a key), until it holds `max` or no
-// participant has one left; taken->last_key is the participant served
-// last. Rows are locked FOR UPDATE SKIP LOCKED. Inside SPI_connect.
-void take_in_turns(const KeyTurnsClaim& claim, const text* cursor, Ids* taken);
+// Takes due events into `taken`, in turns after `cursor` (known), until it
+// holds `max` or no participant has one left. Rows are locked FOR UPDATE
+// SKIP LOCKED. Inside SPI_connect.
+void take_in_turns(const KeyTurnsClaim& claim, const KeyCursor& cursor, Ids* taken);
 
 }  // namespace pg_throttle::pg

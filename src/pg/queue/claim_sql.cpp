@@ -326,10 +326,9 @@ bool take_rows(Scan* scan, Ids* taken, ConcurrencyKeys* keys, int max) {
         scan->after = SPI_getbinval(rows->vals[i], rows->tupdesc, 3, &is_null);
         scan->after_id = id;
         if (key_null) {
-            append(taken, id);
+            append(taken, id, nullptr);
         } else if (concurrency_key_admit(keys, DatumGetTextPP(key))) {
-            append(taken, id);
-            taken->last_key = DatumGetTextPP(key);
+            append(taken, id, DatumGetTextPP(key));
         } else {
             left_one = true;
         }
@@ -568,7 +567,7 @@ bool take_next_unkeyed(void* context, Ids* taken) {
             const Datum id = SPI_getbinval(row, SPI_tuptable->tupdesc, 1, &is_null);
             due.after = SPI_getbinval(row, SPI_tuptable->tupdesc, 3, &is_null);
             due.after_id = id;
-            append(taken, id);
+            append(taken, id, nullptr);
             unkeyed->took_one = true;
             return true;
         }
@@ -591,7 +590,7 @@ bool no_key_hint_holds(const text* queue, uint64 writes, TimestampTz now) {
 }
 
 // Step 2 in a round-robin queue whose cursor is known: the keys in turn.
-void take_due_in_turns(Datum queue, Datum now, const Start& start, const text* cursor,
+void take_due_in_turns(Datum queue, Datum now, const Start& start, const KeyCursor& cursor,
                        ConcurrencyKeys* keys, Ids* taken, int32 max) {
     ArrayType* none = construct_empty_array(TEXTOID);
     UnkeyedScan unkeyed{queue, now,   &start, start.have_level, start.level, {}, {}, false, 0,
@@ -634,14 +633,14 @@ void claim_by_scans(FunctionCallInfo fcinfo, Datum queue, Datum now, const Start
     const bool any_expired = taken.count > 0;
 
     const text* queue_text = DatumGetTextPP(queue);
-    const text* cursor = start.round_robin && taken.count < max
-                             ? fair_cursor_of(FairTurns::kConcurrencyKeys, queue_text)
-                             : nullptr;
+    const KeyCursor cursor = start.round_robin && taken.count < max
+                                 ? fair_key_cursor_of(queue_text)
+                                 : KeyCursor{false, false, nullptr};
     // Oldest first; also a round-robin queue whose cursor is not known (its
     // first claim, a restart, an eviction): served as oldest first would,
     // never always from the first key, it leaves the cursor for the next.
-    bool have_level = taken.count < max && start.have_level && cursor == nullptr;
-    if (cursor != nullptr && start.have_level) {
+    bool have_level = taken.count < max && start.have_level && !cursor.known;
+    if (cursor.known && start.have_level) {
         take_due_in_turns(queue, now, start, cursor, &keys, &taken, max);
     }
     while (have_level) {
@@ -652,9 +651,6 @@ void claim_by_scans(FunctionCallInfo fcinfo, Datum queue, Datum now, const Start
             break;
         }
         have_level = priority_below(queue, level, &level);
-    }
-    if (start.round_robin && taken.last_key != nullptr) {
-        fair_cursor_store(FairTurns::kConcurrencyKeys, queue_text, taken.last_key);
     }
     const uint64 found_count = static_cast<uint64>(taken.count);
     ArrayType* ids = ids_array(taken.values, taken.count);
@@ -668,6 +664,9 @@ void claim_by_scans(FunctionCallInfo fcinfo, Datum queue, Datum now, const Start
     }
     if (allowed < static_cast<int64>(found_count)) {  // others took units meanwhile
         ids = first_ids(ids, static_cast<int>(allowed));
+    }
+    if (start.round_robin) {  // the turn goes on after the last event kept
+        fair_key_cursor_store(queue_text, taken.keys[allowed - 1]);
     }
     const int64 token = new_claim_token();
     require_durable_commit();

@@ -109,6 +109,7 @@ KeyRoom* add(ConcurrencyKeys* keys, const text* key, int32 room) {
     KeyRoom* entry = &keys->keys[keys->count++];
     entry->key = DatumGetTextPCopy(PointerGetDatum(key));
     entry->room = room;
+    entry->taken = 0;
     return entry;
 }
 
@@ -172,12 +173,21 @@ bool concurrency_key_admit(ConcurrencyKeys* keys, const text* key) {
         return false;
     }
     --entry->room;
+    ++entry->taken;
     return true;
 }
 
-bool concurrency_key_known_full(const ConcurrencyKeys& keys, const text* key) {
-    const KeyRoom* entry = find(keys, key);
-    return entry != nullptr && entry->room == 0;
+bool concurrency_key_has_room(ConcurrencyKeys* keys, const text* key) {
+    return meet(keys, key)->room > 0;
+}
+
+void concurrency_key_pass(ConcurrencyKeys* keys, const text* key) {
+    KeyRoom* entry = find(*keys, key);
+    if (entry != nullptr && entry->room > 0 && entry->taken == 0) {  // it holds the key lock
+        unlock_key(keys->queue, key);
+        --keys->locked;
+        entry->room = 0;
+    }
 }
 
 bool concurrency_keys_may_meet_more(const ConcurrencyKeys& keys) {

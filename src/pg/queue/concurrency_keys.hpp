@@ -36,7 +36,8 @@ inline constexpr int kMaxKeysPerClaim = 16;
 
 struct KeyRoom {
     text* key;
-    int32 room;  // events of key this claim may still take; 0: none
+    int32 room;   // events of key this claim may still take; 0: none
+    int32 taken;  // events of key this claim has taken
 };
 
 // The keys one claim has met. Plain data in the claim's memory context.
@@ -77,10 +78,17 @@ LOCKTAG concurrency_key_lock_tag(Datum queue, const text* key);
 // the key's claims (inside SPI_connect; SPI_tuptable is replaced).
 bool concurrency_key_admit(ConcurrencyKeys* keys, const text* key);
 
-// Whether the claim has met `key` (or its snapshot showed it full) and may
-// take no more of its events: round robin then passes the key without
-// reading its events. Meets nothing, takes no lock.
-bool concurrency_key_known_full(const ConcurrencyKeys& keys, const text* key);
+// Whether the claim may take one more event of `key`, as admit would say,
+// without counting one as taken: round robin asks before it reads the key's
+// next event (the first time it meets `key`, it takes the key lock and
+// counts the key's claims).
+bool concurrency_key_has_room(ConcurrencyKeys* keys, const text* key);
+
+// The claim found no event of `key` to take (round robin: none due, or all
+// held back): when it has taken none of it, it lets the key's lock go and
+// takes none of it from now on, so that keys with nothing due do not use
+// up kMaxKeysPerClaim.
+void concurrency_key_pass(ConcurrencyKeys* keys, const text* key);
 
 // Whether the claim may still meet keys it has not met (it holds fewer
 // than kMaxKeysPerClaim key locks, and no change of the policy held the

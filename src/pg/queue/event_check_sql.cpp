@@ -128,24 +128,6 @@ bool is_null(HeapTuple row, TupleDesc desc, Column column) {
     return null;
 }
 
-// Whether the write sets `column` to a value the row did not have: an
-// INSERT, or an UPDATE that changes it (rules on keys apply to what is
-// written, never to a row an earlier version stored).
-bool sets(const TriggerData* trigger, TupleDesc desc, Column column, text** value) {
-    if (!text_of(TRIGGER_FIRED_BY_UPDATE(trigger->tg_event) ? trigger->tg_newtuple
-                                                            : trigger->tg_trigtuple,
-                 desc, column, value)) {
-        return false;
-    }
-    if (!TRIGGER_FIRED_BY_UPDATE(trigger->tg_event)) {
-        return true;
-    }
-    text* before = nullptr;
-    return !text_of(trigger->tg_trigtuple, desc, column, &before) ||
-           VARSIZE_ANY_EXHDR(before) != VARSIZE_ANY_EXHDR(*value) ||
-           memcmp(VARDATA_ANY(before), VARDATA_ANY(*value), VARSIZE_ANY_EXHDR(*value)) != 0;
-}
-
 bool text_is(const text* value, const char* literal) {
     const size_t length = strlen(literal);
     return VARSIZE_ANY_EXHDR(value) == length && memcmp(VARDATA_ANY(value), literal, length) == 0;
@@ -272,16 +254,6 @@ Datum event_check(FunctionCallInfo fcinfo) {
     }
     if (!is_null(row, desc, kConcurrencyKey) && !is_null(row, desc, kGroupKey)) {
         violated(rel, "event_concurrency_key_ungrouped");
-    }
-    // As schedule refuses them: the round-robin cursors (fair_cursors.hpp)
-    // keep keys of up to 1 024 bytes, and '' stands there for the events
-    // without a concurrency_key.
-    if (sets(trigger, desc, kConcurrencyKey, &value) &&
-        (VARSIZE_ANY_EXHDR(value) == 0 || VARSIZE_ANY_EXHDR(value) > 1024)) {
-        violated(rel, "event_concurrency_key_check");
-    }
-    if (sets(trigger, desc, kGroupKey, &value) && VARSIZE_ANY_EXHDR(value) > 1024) {
-        violated(rel, "event_group_key_check");
     }
     const HeapTuple stored = spent_pending_dead(row, desc);
     note_for_floors(stored, desc);

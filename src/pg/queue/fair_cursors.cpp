@@ -1,24 +1,28 @@
 // The round-robin cursors in shared memory; see fair_cursors.hpp.
 #include "pg/queue/fair_cursors.hpp"
 
+#include "pg/queue/queue_slots.hpp"
+
 namespace pg_throttle::pg {
 namespace {
 
 constexpr int kSlots = 256;
-constexpr int kQueueBytes = 64;  // a queue name is at most 63 bytes (event_queue_check)
 constexpr int kKeyBytes = 1024;  // a group_key or concurrency_key: at most 1024 bytes (schedule)
 constexpr const char* kTrancheName = "pg_throttle fair cursors";
 
+// Whose turn a cursor keeps.
+enum class FairTurns : int32 {
+    kGroups = 1,           // claim_group's groups, by group_key
+    kConcurrencyKeys = 2,  // claim's concurrency keys
+};
+
 struct CursorSlot {
-    Oid dbid;     // InvalidOid: free
+    QueueSlotHead head;
     int32 turns;  // FairTurns
-    uint32 hash;
-    uint64 last_used;
-    int32 queue_length;
+    bool no_key;  // kConcurrencyKeys: the events without a key were served last
     int32 key_length;
     bool has_hint;  // FairTurns::kConcurrencyKeys: `hint` holds
     NoKeyHint hint;
-    char queue[kQueueBytes];
     char key[kKeyBytes];
 };
 
@@ -32,34 +36,13 @@ CursorsShared* shared = nullptr;
 LWLock* lock = nullptr;
 
 // The slot of (MyDatabaseId, turns, queue), or -1. Under the lock.
-int find(FairTurns turns, const char* queue, int length, uint32 hash) {
-    for (int i = 0; i < kSlots; i++) {
-        const CursorSlot& slot = shared->slots[i];
-        if (slot.dbid == MyDatabaseId && slot.turns == static_cast<int32>(turns) &&
-            slot.hash == hash && slot.queue_length == length &&
-            memcmp(slot.queue, queue, static_cast<size_t>(length)) == 0) {
-            return i;
-        }
+int find(FairTurns turns, const QueueName& name) {
+    if (shared == nullptr) {
+        return -1;
     }
-    return -1;
-}
-
-// A free slot, or the one used longest ago. Under the lock, exclusive.
-int take_slot() {
-    int oldest = 0;
-    for (int i = 0; i < kSlots; i++) {
-        if (shared->slots[i].dbid == InvalidOid) {
-            return i;
-        }
-        if (shared->slots[i].last_used < shared->slots[oldest].last_used) {
-            oldest = i;
-        }
-    }
-    return oldest;
-}
-
-uint32 hash_of(const char* bytes, int length) {
-    return hash_bytes(reinterpret_cast<const unsigned char*>(bytes), length);
+    return find_queue_slot(shared->slots, name, [turns](const CursorSlot& slot) {
+        return slot.turns == static_cast<int32>(turns);
+    });
 }
 
 }  // namespace
@@ -79,61 +62,94 @@ void fair_cursors_attach_shmem() {
     lock = &GetNamedLWLockTranche(kTrancheName)[0].lock;
 }
 
-text* fair_cursor_of(FairTurns turns, const text* queue) {
-    const int length = static_cast<int>(VARSIZE_ANY_EXHDR(queue));
-    if (shared == nullptr || length >= kQueueBytes) {
+namespace {
+
+// The key of the cursor of (turns, queue), copied into the current memory
+// context (nullptr: none known), and whether it stands for the events
+// without a key.
+text* cursor_of(FairTurns turns, const text* queue, bool* no_key) {
+    const QueueName name = queue_name_of(queue);
+    if (shared == nullptr || name.length < 0) {
         return nullptr;
     }
-    const char* bytes = VARDATA_ANY(queue);
-    const uint32 hash = hash_of(bytes, length);
     char key[kKeyBytes];
     int key_length = -1;
     LWLockAcquire(lock, LW_SHARED);
-    const int found = find(turns, bytes, length, hash);
+    const int found = find(turns, name);
     if (found >= 0) {
-        key_length = shared->slots[found].key_length;
-        memcpy(key, shared->slots[found].key, static_cast<size_t>(key_length));
+        const CursorSlot& slot = shared->slots[found];
+        key_length = slot.key_length;
+        *no_key = slot.no_key;
+        memcpy(key, slot.key, static_cast<size_t>(key_length));
     }
     LWLockRelease(lock);
     return key_length < 0 ? nullptr : cstring_to_text_with_len(key, key_length);
 }
 
-void fair_cursor_store(FairTurns turns, const text* queue, const text* key) {
-    const int length = static_cast<int>(VARSIZE_ANY_EXHDR(queue));
-    const int key_length = static_cast<int>(VARSIZE_ANY_EXHDR(key));
-    if (shared == nullptr || length >= kQueueBytes || key_length > kKeyBytes) {
-        return;  // (schedule refuses longer keys)
+// Records `key` (nullptr: none) for (turns, queue); a key longer than a
+// slot keeps empties the slot (FairTurns::kGroups: the next claim knows no
+// cursor) or records the events without a key.
+void store(FairTurns turns, const text* queue, const text* key) {
+    const QueueName name = queue_name_of(queue);
+    if (shared == nullptr || name.length < 0) {
+        return;
     }
-    const char* bytes = VARDATA_ANY(queue);
-    const uint32 hash = hash_of(bytes, length);
+    const int key_length = key == nullptr ? 0 : static_cast<int>(VARSIZE_ANY_EXHDR(key));
+    const bool too_long = key_length > kKeyBytes;
     LWLockAcquire(lock, LW_EXCLUSIVE);
-    int found = find(turns, bytes, length, hash);
+    int found = find(turns, name);
+    if (too_long && turns == FairTurns::kGroups) {
+        if (found >= 0) {
+            shared->slots[found].head.dbid = InvalidOid;
+        }
+        LWLockRelease(lock);
+        return;
+    }
     if (found < 0) {
-        found = take_slot();
+        found = free_or_oldest_slot(shared->slots);
         CursorSlot& slot = shared->slots[found];
-        slot.dbid = MyDatabaseId;
+        take_for(&slot.head, name);
         slot.turns = static_cast<int32>(turns);
         slot.has_hint = false;
-        slot.hash = hash;
-        slot.queue_length = length;
-        memcpy(slot.queue, bytes, static_cast<size_t>(length));
     }
     CursorSlot& slot = shared->slots[found];
-    slot.last_used = ++shared->uses;
-    slot.key_length = key_length;
-    memcpy(slot.key, VARDATA_ANY(key), static_cast<size_t>(key_length));
+    slot.head.last_used = ++shared->uses;
+    slot.no_key = key == nullptr || too_long;
+    slot.key_length = slot.no_key ? 0 : key_length;
+    memcpy(slot.key, slot.no_key ? "" : VARDATA_ANY(key), static_cast<size_t>(slot.key_length));
     LWLockRelease(lock);
 }
 
+}  // namespace
+
+text* fair_group_cursor_of(const text* queue) {
+    bool no_key = false;
+    return cursor_of(FairTurns::kGroups, queue, &no_key);
+}
+
+void fair_group_cursor_store(const text* queue, const text* group_key) {
+    store(FairTurns::kGroups, queue, group_key);
+}
+
+KeyCursor fair_key_cursor_of(const text* queue) {
+    KeyCursor cursor{false, false, nullptr};
+    cursor.key = cursor_of(FairTurns::kConcurrencyKeys, queue, &cursor.no_key);
+    cursor.known = cursor.key != nullptr;
+    return cursor;
+}
+
+void fair_key_cursor_store(const text* queue, const text* key) {
+    store(FairTurns::kConcurrencyKeys, queue, key);
+}
+
 bool fair_cursor_no_key_hint(const text* queue, NoKeyHint* hint) {
-    const int length = static_cast<int>(VARSIZE_ANY_EXHDR(queue));
-    if (shared == nullptr || length >= kQueueBytes) {
+    const QueueName name = queue_name_of(queue);
+    if (shared == nullptr || name.length < 0) {
         return false;
     }
-    const char* bytes = VARDATA_ANY(queue);
     bool found_hint = false;
     LWLockAcquire(lock, LW_SHARED);
-    const int found = find(FairTurns::kConcurrencyKeys, bytes, length, hash_of(bytes, length));
+    const int found = find(FairTurns::kConcurrencyKeys, name);
     if (found >= 0 && shared->slots[found].has_hint) {
         *hint = shared->slots[found].hint;
         found_hint = true;
@@ -143,13 +159,12 @@ bool fair_cursor_no_key_hint(const text* queue, NoKeyHint* hint) {
 }
 
 void fair_cursor_store_no_key_hint(const text* queue, const NoKeyHint& hint) {
-    const int length = static_cast<int>(VARSIZE_ANY_EXHDR(queue));
-    if (shared == nullptr || length >= kQueueBytes) {
+    const QueueName name = queue_name_of(queue);
+    if (shared == nullptr || name.length < 0) {
         return;
     }
-    const char* bytes = VARDATA_ANY(queue);
     LWLockAcquire(lock, LW_EXCLUSIVE);
-    const int found = find(FairTurns::kConcurrencyKeys, bytes, length, hash_of(bytes, length));
+    const int found = find(FairTurns::kConcurrencyKeys, name);
     if (found >= 0) {
         shared->slots[found].has_hint = true;
         shared->slots[found].hint = hint;

@@ -19,20 +19,29 @@ namespace pg_throttle::pg {
 void fair_cursors_request_shmem();
 void fair_cursors_attach_shmem();
 
-// Whose turn a cursor keeps.
-enum class FairTurns : int32 {
-    kGroups = 1,           // claim_group's groups, by group_key
-    kConcurrencyKeys = 2,  // claim's concurrency keys ('': its events without one)
+// The group_key claim_group served last for `queue` in the current
+// database, copied into the current memory context; nullptr when none is
+// known. Raises only when out of memory, outside the lock.
+text* fair_group_cursor_of(const text* queue);
+
+// Records `group_key` as the group claim_group served last for `queue`.
+// Raises nothing.
+void fair_group_cursor_store(const text* queue, const text* group_key);
+
+// Where claim's turn of concurrency keys stands in a queue.
+struct KeyCursor {
+    bool known;
+    bool no_key;  // the events without a key were served last (the turn goes on at the first key)
+    text* key;    // else the key served last, copied into the current memory context
 };
 
-// The key served last of `turns` for `queue` in the current database,
-// copied into the current memory context; nullptr when none is known.
-// Raises only when out of memory, outside the lock.
-text* fair_cursor_of(FairTurns turns, const text* queue);
+KeyCursor fair_key_cursor_of(const text* queue);
 
-// Records `key` as the key served last of `turns` for `queue`. Raises
-// nothing.
-void fair_cursor_store(FairTurns turns, const text* queue, const text* key);
+// Records `key` (nullptr: the events without a key) as served last by
+// claim in `queue`. A key longer than a slot keeps (written before 0.4.0
+// checked) is recorded as the events without a key: the turn goes on at
+// the first key. Raises nothing.
+void fair_key_cursor_store(const text* queue, const text* key);
 
 // What a round-robin claim of concurrency keys found of the queue's events
 // without a key: none pending before `until` (DT_NOEND: none), in a look

@@ -2,6 +2,8 @@
 // leave until its commit; see scan_floors.hpp.
 #include "pg/queue/scan_floors.hpp"
 
+#include "pg/queue/queue_slots.hpp"
+
 extern "C" {
 #include "access/twophase.h"
 }
@@ -10,7 +12,6 @@ namespace pg_throttle::pg {
 namespace {
 
 constexpr int kSlots = 256;
-constexpr int kQueueBytes = 64;  // a queue name is at most 63 bytes (event_queue_check)
 constexpr const char* kTrancheName = "pg_throttle scan floors";
 // A count from the start now and then, whatever the floor says: a write
 // that went unreported (a prepared transaction's, a table written with its
@@ -25,12 +26,8 @@ struct FloorLevel {
 };
 
 struct FloorSlot {
-    Oid dbid;  // InvalidOid: free
-    uint32 hash;
+    QueueSlotHead head;
     uint32 generation;  // bumped when the slot is given to another queue
-    uint64 last_used;
-    int32 queue_length;
-    char queue[kQueueBytes];
     FloorLevel levels[kFloorLevels];
     // The claims without a group_key, by (lease_until, id): where the look-up
     // of expired claims starts.
@@ -50,34 +47,9 @@ bool floors_on() {
     return shared != nullptr && max_prepared_xacts == 0;
 }
 
-uint32 hash_of(const char* bytes, int length) {
-    return hash_bytes(reinterpret_cast<const unsigned char*>(bytes), length);
-}
-
 // The slot of (MyDatabaseId, queue), or -1. Under the lock.
-int find(const char* queue, int length, uint32 hash) {
-    for (int i = 0; i < kSlots; i++) {
-        const FloorSlot& slot = shared->slots[i];
-        if (slot.dbid == MyDatabaseId && slot.hash == hash && slot.queue_length == length &&
-            memcmp(slot.queue, queue, static_cast<size_t>(length)) == 0) {
-            return i;
-        }
-    }
-    return -1;
-}
-
-// A free slot, or the one used longest ago. Under the lock, exclusive.
-int take_slot() {
-    int oldest = 0;
-    for (int i = 0; i < kSlots; i++) {
-        if (shared->slots[i].dbid == InvalidOid) {
-            return i;
-        }
-        if (shared->slots[i].last_used < shared->slots[oldest].last_used) {
-            oldest = i;
-        }
-    }
-    return oldest;
+int find(const QueueName& name) {
+    return shared == nullptr ? -1 : find_queue_slot(shared->slots, name);
 }
 
 void clear(FloorLevel* level) {
@@ -95,11 +67,6 @@ FloorLevel* level_of(FloorSlot* slot, int32 priority) {
     return nullptr;
 }
 
-int queue_length_of(const text* queue) {
-    const int length = static_cast<int>(VARSIZE_ANY_EXHDR(queue));
-    return length < kQueueBytes ? length : -1;
-}
-
 // What this transaction's writes left to report at its commit: the lowest
 // position per (queue, priority), for a few; more, and the commit clears
 // every floor of the database instead.
@@ -108,7 +75,7 @@ struct WriteNote {
     bool claimed;  // a claim's lease (leases), else a pending event (of `priority`)
     int32 priority;
     int32 queue_length;
-    char queue[kQueueBytes];
+    char queue[kQueueNameBytes];
     core::QueuePosition lowest;
 };
 WriteNote notes[kNotes];
@@ -125,7 +92,7 @@ void report_notes() {
     LWLockAcquire(lock, LW_EXCLUSIVE);
     if (notes_overflowed) {
         for (FloorSlot& slot : shared->slots) {
-            if (slot.dbid == MyDatabaseId) {
+            if (slot.head.dbid == MyDatabaseId) {
                 for (FloorLevel& level : slot.levels) {
                     clear(&level);
                 }
@@ -135,8 +102,7 @@ void report_notes() {
     } else {
         for (int i = 0; i < note_count; i++) {
             const WriteNote& note = notes[i];
-            const int found =
-                find(note.queue, note.queue_length, hash_of(note.queue, note.queue_length));
+            const int found = find(queue_name_of(note.queue, note.queue_length));
             FloorLevel* level = found < 0      ? nullptr
                                 : note.claimed ? &shared->slots[found].leases
                                                : level_of(&shared->slots[found], note.priority);
@@ -273,12 +239,12 @@ FloorCountOf scan_floor_count_begin(const text* queue) {
         count.count.from = core::kQueueStart;
     }
     of.leases.count.from = core::kQueueStart;
-    const int length = queue_length_of(queue);
+    const QueueName name = queue_name_of(queue);
     // A statement of REPEATABLE READ or SERIALIZABLE counts in the
     // transaction's snapshot, which may be older than the floor (and a
     // serializable scan must read, and lock, what a scan from the start
     // reads): it goes without.
-    if (!floors_on() || length < 0 || IsolationUsesXactSnapshot()) {
+    if (!floors_on() || name.length < 0 || IsolationUsesXactSnapshot()) {
         return of;
     }
     of.off = false;
@@ -290,15 +256,13 @@ FloorCountOf scan_floor_count_begin(const text* queue) {
     // undo (a claim's marks): its counts use the floor, publish nothing.
     const bool peek =
         GetTopTransactionIdIfAny() != InvalidTransactionId || note_count > 0 || notes_overflowed;
-    const char* bytes = VARDATA_ANY(queue);
-    const uint32 hash = hash_of(bytes, length);
     const TimestampTz now = GetCurrentTimestamp();
     bool registered = false;
     LWLockAcquire(lock, LW_EXCLUSIVE);
-    const int found = find(bytes, length, hash);
+    const int found = find(name);
     if (found >= 0) {
         FloorSlot& slot = shared->slots[found];
-        slot.last_used = ++shared->uses;
+        slot.head.last_used = ++shared->uses;
         of.slot = found;
         of.generation = slot.generation;
         for (int i = 0; i < kFloorLevels; i++) {
@@ -318,11 +282,12 @@ FloorCountOf scan_floor_count_begin(const text* queue) {
     for (LevelCount& count : of.levels) {
         if (count.tracked) {
             count.count.from =
-                below_own_notes(count.count.from, bytes, length, false, count.priority);
+                below_own_notes(count.count.from, name.bytes, name.length, false, count.priority);
         }
     }
     if (of.leases.tracked) {
-        of.leases.count.from = below_own_notes(of.leases.count.from, bytes, length, true, 0);
+        of.leases.count.from =
+            below_own_notes(of.leases.count.from, name.bytes, name.length, true, 0);
     }
     // The higher priority first.
     if (of.levels[1].tracked &&
@@ -365,22 +330,17 @@ ScanStarts scan_floor_count_end(const FloorCountOf& of, const FloorFirsts& first
 }
 
 void scan_floor_track(const text* queue, int32 priority) {
-    const int length = queue_length_of(queue);
-    if (!floors_on() || length < 0) {
+    const QueueName name = queue_name_of(queue);
+    if (!floors_on() || name.length < 0) {
         return;
     }
-    const char* bytes = VARDATA_ANY(queue);
-    const uint32 hash = hash_of(bytes, length);
     LWLockAcquire(lock, LW_EXCLUSIVE);
-    int found = find(bytes, length, hash);
+    int found = find(name);
     if (found < 0) {
-        found = take_slot();
+        found = free_or_oldest_slot(shared->slots);
         FloorSlot& slot = shared->slots[found];
         slot.generation++;
-        slot.dbid = MyDatabaseId;
-        slot.hash = hash;
-        slot.queue_length = length;
-        memcpy(slot.queue, bytes, static_cast<size_t>(length));
+        take_for(&slot.head, name);
         for (FloorLevel& level : slot.levels) {
             clear(&level);
             level.used = false;
@@ -389,7 +349,7 @@ void scan_floor_track(const text* queue, int32 priority) {
         slot.leases.used = true;
     }
     FloorSlot& slot = shared->slots[found];
-    slot.last_used = ++shared->uses;
+    slot.head.last_used = ++shared->uses;
     if (level_of(&slot, priority) == nullptr) {
         // A free level, else the one of the lower priority.
         FloorLevel* replaced = &slot.levels[0];
@@ -409,8 +369,9 @@ namespace {
 
 void remember_write(const text* queue, bool claimed, int32 priority, core::QueuePosition at) {
     register_callback();
-    const int length = queue_length_of(queue);
-    const char* bytes = VARDATA_ANY(queue);
+    const QueueName name = queue_name_of(queue);
+    const int length = name.length;
+    const char* bytes = name.bytes;
     WriteNote* noted = length < 0 ? nullptr : note_of(bytes, length, claimed, priority);
     if (noted != nullptr) {
         if (at < noted->lowest) {

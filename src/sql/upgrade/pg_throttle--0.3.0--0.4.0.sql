@@ -349,7 +349,7 @@ RETURNS trigger
 AS 'MODULE_PATHNAME', 'pg_throttle_event_check'
 LANGUAGE C;
 COMMENT ON FUNCTION throttle._event_check() IS
-    'Internal: the rules of a row of throttle.event, as a trigger: event_queue_check (queue <> '''' AND octet_length(queue) <= 63), event_item_key_check (item_key <> ''''), event_state_check (state IN (''pending'', ''claimed'', ''dead'')), event_max_attempts_check (max_attempts > 0), event_concurrency_key_ungrouped (concurrency_key IS NULL OR group_key IS NULL), and on a key it writes (an INSERT, or an UPDATE that changes it) event_concurrency_key_check (concurrency_key <> '''' AND octet_length(concurrency_key) <= 1024), event_group_key_check (octet_length(group_key) <= 1024); raises 23514 naming the rule. A pending event without attempts left is stored dead, as its next claim would have made it.';
+    'Internal: the rules of a row of throttle.event, as a trigger: event_queue_check (queue <> '''' AND octet_length(queue) <= 63), event_item_key_check (item_key <> ''''), event_state_check (state IN (''pending'', ''claimed'', ''dead'')), event_max_attempts_check (max_attempts > 0), event_concurrency_key_ungrouped (concurrency_key IS NULL OR group_key IS NULL); raises 23514 naming the rule. A pending event without attempts left is stored dead, as its next claim would have made it.';
 REVOKE EXECUTE ON FUNCTION throttle._event_check() FROM PUBLIC;
 CREATE TRIGGER event_check BEFORE INSERT OR UPDATE ON throttle.event
     FOR EACH ROW EXECUTE FUNCTION throttle._event_check();
