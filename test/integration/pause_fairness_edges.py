@@ -88,16 +88,21 @@ def cursor_table_full(tap):
     conn.close()
 
 
-def big_claimed_group(tap):
-    conn = connect()
-    cur = conn.cursor()
-    queue = f"rv2.big.{RUN}"
+def big_and_small_groups(cur, queue):
+    """A round-robin queue with group A, 5 000 events due an hour ago, and B, 10 due now."""
     cur.execute("INSERT INTO throttle.group_policy (queue, fairness) VALUES (%s, 'round_robin')",
                 (queue,))
     cur.execute("SELECT count(throttle.schedule(%s, 'a' || i, now() - interval '1 hour',"
                 " group_key => 'A')) FROM generate_series(1, 5000) i", (queue,))
     cur.execute("SELECT count(throttle.schedule(%s, 'b' || i, now() - interval '1 minute',"
                 " group_key => 'B')) FROM generate_series(1, 10) i", (queue,))
+
+
+def big_claimed_group(tap):
+    conn = connect()
+    cur = conn.cursor()
+    queue = f"rv2.big.{RUN}"
+    big_and_small_groups(cur, queue)
     held = rows(cur, "SELECT count(*) FROM throttle.claim_group(%s, 'holder', '1 hour', NULL)",
                 (queue,))[0][0]
     tap.is_(held, 5000, "the holder claims A's 5 000 events (the cursor is at A)")
@@ -124,12 +129,7 @@ def paused_expired_group(tap):
     conn = connect()
     cur = conn.cursor()
     queue = f"rv2.exp.{RUN}"
-    cur.execute("INSERT INTO throttle.group_policy (queue, fairness) VALUES (%s, 'round_robin')",
-                (queue,))
-    cur.execute("SELECT count(throttle.schedule(%s, 'a' || i, now() - interval '1 hour',"
-                " group_key => 'A')) FROM generate_series(1, 5000) i", (queue,))
-    cur.execute("SELECT count(throttle.schedule(%s, 'b' || i, now() - interval '1 minute',"
-                " group_key => 'B')) FROM generate_series(1, 10) i", (queue,))
+    big_and_small_groups(cur, queue)
     rows(cur, "SELECT count(*) FROM throttle.claim_group(%s, 'dead', '1 second', NULL)", (queue,))
     cur.execute("SELECT throttle.pause(%s, 'A')", (queue,))
     time.sleep(1.5)  # A's 5 000 claims expire
