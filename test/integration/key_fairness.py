@@ -360,14 +360,19 @@ def keys_not_due(tap):
     queue = QUEUE + ".longkey"
     cur.execute("INSERT INTO throttle.concurrency_policy (queue, max_claimed, fairness)"
                 " VALUES (%s, 100, 'round_robin')", (queue,))
-    cur.execute("SELECT count(throttle.schedule(%s, 'a' || g, throttle.now() - interval '2 minutes',"
-                " concurrency_key => 'a')) FROM generate_series(1, 5) g", (queue,))
+    cur.execute("SELECT count(throttle.schedule(%s, k || g, throttle.now() - interval '3 minutes',"
+                " concurrency_key => k)) FROM generate_series(1, 5) g, unnest('{a,c}'::text[]) k",
+                (queue,))
+    cur.execute("SELECT count(throttle.schedule(%s, 'u' || g, throttle.now() - interval '1 minute'))"
+                " FROM generate_series(1, 5) g", (queue,))
     cur.execute("INSERT INTO throttle.event (queue, item_key, run_at, enqueued_at, enqueued_by,"
-                " concurrency_key) SELECT %s, 'l' || g, throttle.now() - interval '1 minute',"
+                " concurrency_key) SELECT %s, 'l' || g, throttle.now() - interval '2 minutes',"
                 " throttle.now(), 'test', repeat('b', 2000) FROM generate_series(1, 10) g",
                 (queue,))
-    served = [k[:1] for k in serve(cur, 5, queue)]
-    tap.is_(served, ["a", "b", "a", "b", "a"], "a key of 2 000 bytes does not keep the turn")
+    served = [k and k[:1] for k in serve(cur, 8, queue)]
+    tap.is_(served, ["a", "b", "c", None, "a", "b", "c", None],
+            "a key of 2 000 bytes takes its turn, and the keys after it and the events without a"
+            " key theirs")
     drop(cur, queue)
     conn.close()
 

@@ -95,9 +95,18 @@ void first_round(Turns* turns, Participant p) {
     turns->served[turns->served_count++] = p;
 }
 
+// Whether `key` is a key longer than `prefix` that starts with it: the key
+// a truncated cursor stands for (or one that shares its first bytes).
+bool extends(const text* key, const text* prefix) {
+    const size_t length = VARSIZE_ANY_EXHDR(prefix);
+    return VARSIZE_ANY_EXHDR(key) > length &&
+           memcmp(VARDATA_ANY(key), VARDATA_ANY(prefix), length) == 0;
+}
+
 // The first round over the keys after `after` (nullptr: from the first)
-// and up to `upto` (nullptr: to the last), one descent each.
-void keys_round(Turns* turns, const text* after, const text* upto) {
+// and up to `upto` (nullptr: to the last), one descent each; keys that
+// extend `served` (a truncated cursor) are passed.
+void keys_round(Turns* turns, const text* after, const text* upto, const text* served) {
     const KeyTurnsClaim& claim = *turns->claim;
     while (!full(*turns) && concurrency_keys_may_meet_more(*claim.keys)) {
         Datum args[3] = {claim.queue, PointerGetDatum(after), PointerGetDatum(upto)};
@@ -115,7 +124,9 @@ void keys_round(Turns* turns, const text* after, const text* upto) {
         if (!past_null && past) {
             return;
         }
-        first_round(turns, Participant{key, Ids{}});
+        if (served == nullptr || !extends(key, served)) {
+            first_round(turns, Participant{key, Ids{}});
+        }
         after = key;
     }
 }
@@ -128,12 +139,15 @@ void take_in_turns(const KeyTurnsClaim& claim, const KeyCursor& cursor, Ids* tak
     // The first round: the keys after the cursor (all of them after the
     // events without a key), the events without a key, the keys up to the
     // cursor.
-    keys_round(&turns, cursor.no_key ? nullptr : cursor.key, nullptr);
+    // A truncated cursor stands for a key longer than a slot keeps: the
+    // keys that extend it come again in the next round, not now.
+    keys_round(&turns, cursor.no_key ? nullptr : cursor.key, nullptr,
+               cursor.truncated ? cursor.key : nullptr);
     if (!full(turns)) {
         first_round(&turns, Participant{nullptr, Ids{}});
     }
     if (!full(turns) && !cursor.no_key) {
-        keys_round(&turns, nullptr, cursor.key);
+        keys_round(&turns, nullptr, cursor.key, nullptr);
     }
     // The next rounds, over those that gave one, while the claim wants more.
     while (!full(turns) && turns.served_count > 0) {

@@ -631,11 +631,12 @@ void claim_by_scans(FunctionCallInfo fcinfo, Datum queue, Datum now, const Start
         scan_until_full(&expired, &taken, &keys, max);
     }
     const bool any_expired = taken.count > 0;
+    const int first_due = taken.count;  // the events of step 2 follow
 
     const text* queue_text = DatumGetTextPP(queue);
     const KeyCursor cursor = start.round_robin && taken.count < max
                                  ? fair_key_cursor_of(queue_text)
-                                 : KeyCursor{false, false, nullptr};
+                                 : KeyCursor{false, false, false, nullptr};
     // Oldest first; also a round-robin queue whose cursor is not known (its
     // first claim, a restart, an eviction): served as oldest first would,
     // never always from the first key, it leaves the cursor for the next.
@@ -665,7 +666,7 @@ void claim_by_scans(FunctionCallInfo fcinfo, Datum queue, Datum now, const Start
     if (allowed < static_cast<int64>(found_count)) {  // others took units meanwhile
         ids = first_ids(ids, static_cast<int>(allowed));
     }
-    if (start.round_robin) {  // the turn goes on after the last event kept
+    if (start.round_robin && allowed > first_due) {  // after the last due event kept
         fair_key_cursor_store(queue_text, taken.keys[allowed - 1]);
     }
     const int64 token = new_claim_token();

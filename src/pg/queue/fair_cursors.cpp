@@ -18,8 +18,9 @@ enum class FairTurns : int32 {
 
 struct CursorSlot {
     QueueSlotHead head;
-    int32 turns;  // FairTurns
-    bool no_key;  // kConcurrencyKeys: the events without a key were served last
+    int32 turns;     // FairTurns
+    bool no_key;     // kConcurrencyKeys: the events without a key were served last
+    bool truncated;  // kConcurrencyKeys: `key` is the first bytes of the key served last
     int32 key_length;
     bool has_hint;  // FairTurns::kConcurrencyKeys: `hint` holds
     NoKeyHint hint;
@@ -65,9 +66,9 @@ void fair_cursors_attach_shmem() {
 namespace {
 
 // The key of the cursor of (turns, queue), copied into the current memory
-// context (nullptr: none known), and whether it stands for the events
-// without a key.
-text* cursor_of(FairTurns turns, const text* queue, bool* no_key) {
+// context (nullptr: none known), whether it stands for the events without a
+// key, and whether it is the first bytes of a longer key.
+text* cursor_of(FairTurns turns, const text* queue, bool* no_key, bool* truncated) {
     const QueueName name = queue_name_of(queue);
     if (shared == nullptr || name.length < 0) {
         return nullptr;
@@ -80,22 +81,26 @@ text* cursor_of(FairTurns turns, const text* queue, bool* no_key) {
         const CursorSlot& slot = shared->slots[found];
         key_length = slot.key_length;
         *no_key = slot.no_key;
+        *truncated = slot.truncated;
         memcpy(key, slot.key, static_cast<size_t>(key_length));
     }
     LWLockRelease(lock);
     return key_length < 0 ? nullptr : cstring_to_text_with_len(key, key_length);
 }
 
-// Records `key` (nullptr: none) for (turns, queue); a key longer than a
-// slot keeps empties the slot (FairTurns::kGroups: the next claim knows no
-// cursor) or records the events without a key.
+// Records `key` (nullptr: none) for (turns, queue); of a key longer than a
+// slot keeps, its first bytes (FairTurns::kGroups: the slot is emptied
+// instead, and the next claim knows no cursor).
 void store(FairTurns turns, const text* queue, const text* key) {
     const QueueName name = queue_name_of(queue);
     if (shared == nullptr || name.length < 0) {
         return;
     }
-    const int key_length = key == nullptr ? 0 : static_cast<int>(VARSIZE_ANY_EXHDR(key));
+    int key_length = key == nullptr ? 0 : static_cast<int>(VARSIZE_ANY_EXHDR(key));
     const bool too_long = key_length > kKeyBytes;
+    if (too_long) {  // whole characters (before the lock: it reads the encoding)
+        key_length = pg_mbcliplen(VARDATA_ANY(key), key_length, kKeyBytes);
+    }
     LWLockAcquire(lock, LW_EXCLUSIVE);
     int found = find(turns, name);
     if (too_long && turns == FairTurns::kGroups) {
@@ -114,7 +119,8 @@ void store(FairTurns turns, const text* queue, const text* key) {
     }
     CursorSlot& slot = shared->slots[found];
     slot.head.last_used = ++shared->uses;
-    slot.no_key = key == nullptr || too_long;
+    slot.no_key = key == nullptr;
+    slot.truncated = too_long;
     slot.key_length = slot.no_key ? 0 : key_length;
     memcpy(slot.key, slot.no_key ? "" : VARDATA_ANY(key), static_cast<size_t>(slot.key_length));
     LWLockRelease(lock);
@@ -124,7 +130,8 @@ void store(FairTurns turns, const text* queue, const text* key) {
 
 text* fair_group_cursor_of(const text* queue) {
     bool no_key = false;
-    return cursor_of(FairTurns::kGroups, queue, &no_key);
+    bool truncated = false;
+    return cursor_of(FairTurns::kGroups, queue, &no_key, &truncated);
 }
 
 void fair_group_cursor_store(const text* queue, const text* group_key) {
@@ -132,8 +139,8 @@ void fair_group_cursor_store(const text* queue, const text* group_key) {
 }
 
 KeyCursor fair_key_cursor_of(const text* queue) {
-    KeyCursor cursor{false, false, nullptr};
-    cursor.key = cursor_of(FairTurns::kConcurrencyKeys, queue, &cursor.no_key);
+    KeyCursor cursor{false, false, false, nullptr};
+    cursor.key = cursor_of(FairTurns::kConcurrencyKeys, queue, &cursor.no_key, &cursor.truncated);
     cursor.known = cursor.key != nullptr;
     return cursor;
 }

@@ -32,15 +32,16 @@ void fair_group_cursor_store(const text* queue, const text* group_key);
 struct KeyCursor {
     bool known;
     bool no_key;  // the events without a key were served last (the turn goes on at the first key)
-    text* key;    // else the key served last, copied into the current memory context
+    bool truncated;  // `key` is the first bytes (1 024 at most) of the key served last
+    text* key;       // else the key served last, copied into the current memory context
 };
 
 KeyCursor fair_key_cursor_of(const text* queue);
 
 // Records `key` (nullptr: the events without a key) as served last by
-// claim in `queue`. A key longer than a slot keeps (written before 0.4.0
-// checked) is recorded as the events without a key: the turn goes on at
-// the first key. Raises nothing.
+// claim in `queue`; of a key longer than a slot keeps (schedule refuses
+// them, a direct INSERT may write them), its first bytes, marked truncated.
+// Raises nothing.
 void fair_key_cursor_store(const text* queue, const text* key);
 
 // What a round-robin claim of concurrency keys found of the queue's events
