@@ -57,13 +57,17 @@ def serve(cur, times, queue, what=1):
     return served
 
 
-def setup(cur, queue, fairness="oldest_first", max_claimed=1, big=1000):
-    cur.execute("SET pg_throttle.test_clock = %s", (CLOCK,))
-    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (queue,))
+def policy(cur, queue, max_claimed, fairness="round_robin"):
     cur.execute("INSERT INTO throttle.concurrency_policy (queue, max_claimed, fairness)"
                 " VALUES (%s, %s, %s) ON CONFLICT (queue) DO UPDATE"
                 " SET max_claimed = excluded.max_claimed, fairness = excluded.fairness",
                 (queue, max_claimed, fairness))
+
+
+def setup(cur, queue, fairness="oldest_first", max_claimed=1, big=1000):
+    cur.execute("SET pg_throttle.test_clock = %s", (CLOCK,))
+    cur.execute("DELETE FROM throttle.event WHERE queue = %s", (queue,))
+    policy(cur, queue, max_claimed, fairness)
     # A's events are the oldest: an hour ago on; the others ten minutes ago.
     cur.execute("SELECT count(throttle.schedule(%s, 'a' || g,"
                 " throttle.now() - interval '1 hour' + g * interval '1 ms', concurrency_key => 'A'))"
@@ -183,8 +187,7 @@ def rounds(tap):
     drop(cur, queue)
 
     # At most 16 keys per claim (one key lock each).
-    cur.execute("INSERT INTO throttle.concurrency_policy (queue, max_claimed, fairness)"
-                " VALUES (%s, 5, 'round_robin')", (queue,))
+    policy(cur, queue, 5)
     cur.execute("SELECT count(throttle.schedule(%s, 'k' || k || '.' || n, throttle.now(),"
                 " concurrency_key => 'K' || lpad(k::text, 2, '0')))"
                 " FROM generate_series(1, 20) k, generate_series(1, 2) n", (queue,))
@@ -271,8 +274,7 @@ def no_key_hint(tap):
     cur = conn.cursor()
     queue = QUEUE + ".hint"
     cur.execute("SET pg_throttle.test_clock = %s", (CLOCK,))
-    cur.execute("INSERT INTO throttle.concurrency_policy (queue, max_claimed, fairness)"
-                " VALUES (%s, 5, 'round_robin')", (queue,))
+    policy(cur, queue, 5)
     cur.execute("SELECT count(throttle.schedule(%s, k || n, throttle.now() - interval '1 hour'"
                 " + n * interval '1 ms', concurrency_key => k))"
                 " FROM unnest('{A,B}'::text[]) k, generate_series(1, 300) n", (queue,))
@@ -324,8 +326,7 @@ def keys_not_due(tap):
     cur = conn.cursor()
     queue = QUEUE + ".notdue"
     cur.execute("SET pg_throttle.test_clock = %s", (CLOCK,))
-    cur.execute("INSERT INTO throttle.concurrency_policy (queue, max_claimed, fairness)"
-                " VALUES (%s, 5, 'round_robin')", (queue,))
+    policy(cur, queue, 5)
     cur.execute("SELECT count(throttle.schedule(%s, 'f' || g, throttle.now() + interval '1 year',"
                 " concurrency_key => 'k' || lpad(g::text, 2, '0'))) FROM generate_series(1, 20) g",
                 (queue,))
@@ -346,8 +347,7 @@ def keys_not_due(tap):
     # events without a key are marked apart, not by '') and over 1 024 bytes (the turn goes on
     # at the first key after it).
     queue = QUEUE + ".emptykey"
-    cur.execute("INSERT INTO throttle.concurrency_policy (queue, max_claimed, fairness)"
-                " VALUES (%s, 5, 'round_robin')", (queue,))
+    policy(cur, queue, 5)
     cur.execute("SELECT count(throttle.schedule(%s, 'a' || g, throttle.now() - interval '1 minute',"
                 " concurrency_key => 'a')) FROM generate_series(1, 3) g", (queue,))
     cur.execute("INSERT INTO throttle.event (queue, item_key, run_at, enqueued_at, enqueued_by,"
@@ -358,8 +358,7 @@ def keys_not_due(tap):
     drop(cur, queue)
 
     queue = QUEUE + ".longkey"
-    cur.execute("INSERT INTO throttle.concurrency_policy (queue, max_claimed, fairness)"
-                " VALUES (%s, 100, 'round_robin')", (queue,))
+    policy(cur, queue, 100)
     cur.execute("SELECT count(throttle.schedule(%s, k || g, throttle.now() - interval '3 minutes',"
                 " concurrency_key => k)) FROM generate_series(1, 5) g, unnest('{a,c}'::text[]) k",
                 (queue,))
@@ -397,8 +396,7 @@ def race(tap):
     conn = connect()
     cur = conn.cursor()
     queue = QUEUE + ".race"
-    cur.execute("INSERT INTO throttle.concurrency_policy (queue, max_claimed, fairness)"
-                " VALUES (%s, 2, 'round_robin')", (queue,))
+    policy(cur, queue, 2)
     cur.execute("SELECT throttle.schedule_many(%s, array_agg('e' || n ORDER BY n),"
                 " array_agg(now() - interval '1 minute' ORDER BY n), NULL, NULL,"
                 " concurrency_keys => array_agg('k' || lpad(((n - 1) / %s)::text, 2, '0') ORDER BY n))"

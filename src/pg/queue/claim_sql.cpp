@@ -582,9 +582,9 @@ bool take_next_unkeyed(void* context, Ids* taken) {
 
 // Whether the queue's hint says that no event without a key is pending
 // now: kept with its cursor, no such write since, not too old.
-bool no_key_hint_holds(const text* queue, uint64 writes, TimestampTz now) {
-    NoKeyHint hint{};
-    return fair_cursor_no_key_hint(queue, &hint) && hint.count == writes && now < hint.until &&
+bool no_key_hint_holds(const KeyCursor& cursor, uint64 writes, TimestampTz now) {
+    const NoKeyHint& hint = cursor.hint;
+    return cursor.has_hint && hint.count == writes && now < hint.until &&
            GetCurrentTimestamp() - hint.looked_at <
                static_cast<TimestampTz>(kNoKeyHintSeconds) * USECS_PER_SEC;
 }
@@ -597,8 +597,7 @@ void take_due_in_turns(Datum queue, Datum now, const Start& start, const KeyCurs
                         false, false, false};
     // Read before any snapshot that looks (no_key_writes.hpp).
     unkeyed.writes = no_key_writes_count(DatumGetTextPP(queue));
-    unkeyed.skip =
-        no_key_hint_holds(DatumGetTextPP(queue), unkeyed.writes, DatumGetTimestampTz(now));
+    unkeyed.skip = no_key_hint_holds(cursor, unkeyed.writes, DatumGetTimestampTz(now));
     unkeyed.args[0] = queue;
     unkeyed.args[2] = now;
     unkeyed.args[3] = Int32GetDatum(1);
@@ -634,9 +633,8 @@ void claim_by_scans(FunctionCallInfo fcinfo, Datum queue, Datum now, const Start
     const int first_due = taken.count;  // the events of step 2 follow
 
     const text* queue_text = DatumGetTextPP(queue);
-    const KeyCursor cursor = start.round_robin && taken.count < max
-                                 ? fair_key_cursor_of(queue_text)
-                                 : KeyCursor{false, false, false, nullptr};
+    const KeyCursor cursor =
+        start.round_robin && taken.count < max ? fair_key_cursor_of(queue_text) : KeyCursor{};
     // Oldest first; also a round-robin queue whose cursor is not known (its
     // first claim, a restart, an eviction): served as oldest first would,
     // never always from the first key, it leaves the cursor for the next.

@@ -65,10 +65,9 @@ void fair_cursors_attach_shmem() {
 
 namespace {
 
-// The key of the cursor of (turns, queue), copied into the current memory
-// context (nullptr: none known), whether it stands for the events without a
-// key, and whether it is the first bytes of a longer key.
-text* cursor_of(FairTurns turns, const text* queue, bool* no_key, bool* truncated) {
+// The cursor of (turns, queue): its key copied into the current memory
+// context (nullptr: none known), and the slot's other fields.
+text* cursor_of(FairTurns turns, const text* queue, KeyCursor* fields) {
     const QueueName name = queue_name_of(queue);
     if (shared == nullptr || name.length < 0) {
         return nullptr;
@@ -80,8 +79,10 @@ text* cursor_of(FairTurns turns, const text* queue, bool* no_key, bool* truncate
     if (found >= 0) {
         const CursorSlot& slot = shared->slots[found];
         key_length = slot.key_length;
-        *no_key = slot.no_key;
-        *truncated = slot.truncated;
+        fields->no_key = slot.no_key;
+        fields->truncated = slot.truncated;
+        fields->has_hint = slot.has_hint;
+        fields->hint = slot.hint;
         memcpy(key, slot.key, static_cast<size_t>(key_length));
     }
     LWLockRelease(lock);
@@ -129,9 +130,8 @@ void store(FairTurns turns, const text* queue, const text* key) {
 }  // namespace
 
 text* fair_group_cursor_of(const text* queue) {
-    bool no_key = false;
-    bool truncated = false;
-    return cursor_of(FairTurns::kGroups, queue, &no_key, &truncated);
+    KeyCursor fields{};
+    return cursor_of(FairTurns::kGroups, queue, &fields);
 }
 
 void fair_group_cursor_store(const text* queue, const text* group_key) {
@@ -139,30 +139,14 @@ void fair_group_cursor_store(const text* queue, const text* group_key) {
 }
 
 KeyCursor fair_key_cursor_of(const text* queue) {
-    KeyCursor cursor{false, false, false, nullptr};
-    cursor.key = cursor_of(FairTurns::kConcurrencyKeys, queue, &cursor.no_key, &cursor.truncated);
+    KeyCursor cursor{};
+    cursor.key = cursor_of(FairTurns::kConcurrencyKeys, queue, &cursor);
     cursor.known = cursor.key != nullptr;
     return cursor;
 }
 
 void fair_key_cursor_store(const text* queue, const text* key) {
     store(FairTurns::kConcurrencyKeys, queue, key);
-}
-
-bool fair_cursor_no_key_hint(const text* queue, NoKeyHint* hint) {
-    const QueueName name = queue_name_of(queue);
-    if (shared == nullptr || name.length < 0) {
-        return false;
-    }
-    bool found_hint = false;
-    LWLockAcquire(lock, LW_SHARED);
-    const int found = find(FairTurns::kConcurrencyKeys, name);
-    if (found >= 0 && shared->slots[found].has_hint) {
-        *hint = shared->slots[found].hint;
-        found_hint = true;
-    }
-    LWLockRelease(lock);
-    return found_hint;
 }
 
 void fair_cursor_store_no_key_hint(const text* queue, const NoKeyHint& hint) {

@@ -28,22 +28,6 @@ text* fair_group_cursor_of(const text* queue);
 // Raises nothing.
 void fair_group_cursor_store(const text* queue, const text* group_key);
 
-// Where claim's turn of concurrency keys stands in a queue.
-struct KeyCursor {
-    bool known;
-    bool no_key;  // the events without a key were served last (the turn goes on at the first key)
-    bool truncated;  // `key` is the first bytes (1 024 at most) of the key served last
-    text* key;       // else the key served last, copied into the current memory context
-};
-
-KeyCursor fair_key_cursor_of(const text* queue);
-
-// Records `key` (nullptr: the events without a key) as served last by
-// claim in `queue`; of a key longer than a slot keeps (schedule refuses
-// them, a direct INSERT may write them), its first bytes, marked truncated.
-// Raises nothing.
-void fair_key_cursor_store(const text* queue, const text* key);
-
 // What a round-robin claim of concurrency keys found of the queue's events
 // without a key: none pending before `until` (DT_NOEND: none), in a look
 // whose snapshot came after the queue's count of such writes was `count`
@@ -54,9 +38,24 @@ struct NoKeyHint {
     TimestampTz looked_at;
 };
 
-// The hint kept with the key cursor of `queue`; false when none is. Raises
-// nothing.
-bool fair_cursor_no_key_hint(const text* queue, NoKeyHint* hint);
+// Where claim's turn of concurrency keys stands in a queue, and the hint
+// kept with it, read together.
+struct KeyCursor {
+    bool known;
+    bool no_key;  // the events without a key were served last (the turn goes on at the first key)
+    bool truncated;  // `key` is the first bytes (1 024 at most) of the key served last
+    text* key;       // else the key served last, copied into the current memory context
+    bool has_hint;
+    NoKeyHint hint;
+};
+
+KeyCursor fair_key_cursor_of(const text* queue);
+
+// Records `key` (nullptr: the events without a key) as served last by
+// claim in `queue`; of a key longer than a slot keeps (schedule refuses
+// them, a direct INSERT may write them), its first bytes, marked truncated.
+// Raises nothing.
+void fair_key_cursor_store(const text* queue, const text* key);
 
 // Keeps `hint` with the key cursor of `queue`, when it has one. Raises
 // nothing.

@@ -21,8 +21,9 @@ bool any_noted = false;
 bool callback_registered = false;
 
 int counter_of(const text* queue) {
-    const uint32 seed = hash_bytes(reinterpret_cast<const unsigned char*>(&MyDatabaseId),
-                                   static_cast<int>(sizeof(MyDatabaseId)));
+    // The database's part, once per backend (it stays in one database).
+    static const uint32 seed = hash_bytes(reinterpret_cast<const unsigned char*>(&MyDatabaseId),
+                                          static_cast<int>(sizeof(MyDatabaseId)));
     const uint64 hash =
         hash_bytes_extended(reinterpret_cast<const unsigned char*>(VARDATA_ANY(queue)),
                             static_cast<int>(VARSIZE_ANY_EXHDR(queue)), seed);

@@ -369,9 +369,10 @@ namespace {
 
 void remember_write(const text* queue, bool claimed, int32 priority, core::QueuePosition at) {
     register_callback();
-    const QueueName name = queue_name_of(queue);
-    const int length = name.length;
-    const char* bytes = name.bytes;
+    // Per row written: the name only, no hash (report_notes hashes it once).
+    const int whole = static_cast<int>(VARSIZE_ANY_EXHDR(queue));
+    const int length = whole < kQueueNameBytes ? whole : -1;
+    const char* bytes = VARDATA_ANY(queue);
     WriteNote* noted = length < 0 ? nullptr : note_of(bytes, length, claimed, priority);
     if (noted != nullptr) {
         if (at < noted->lowest) {
