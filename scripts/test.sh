@@ -26,10 +26,11 @@ parse_pg_flags "bash scripts/test.sh [--pg VERSION]..." "$@"
 # The host's own packages: lint, the build, and debootstrap when a tree is needed.
 set -e
 if versions_need_a_tree; then
-    install_missing_packages "${LINT_PACKAGES[@]}" pgxnclient debootstrap
+    install_missing_packages "${LINT_PACKAGES[@]}" "${INSTALL_CHECK_PACKAGES[@]}" pgxnclient debootstrap
 else
-    install_missing_packages "${LINT_PACKAGES[@]}" pgxnclient
+    install_missing_packages "${LINT_PACKAGES[@]}" "${INSTALL_CHECK_PACKAGES[@]}" pgxnclient
 fi
+install_client_packages
 set +e
 cd "$ROOT"
 
@@ -45,7 +46,8 @@ PG_THROTTLE_RESULTS=$results run_suite boundary count make -s boundary-check
 PG_THROTTLE_RESULTS=$results run_suite meta prove prove test/check_meta.py
 PG_THROTTLE_RESULTS=$results run_suite dist prove prove --verbose test/dist_check.py
 PG_THROTTLE_RESULTS=$results run_suite results prove prove --verbose test/results_check.py
-version_independent_suites=7
+PG_THROTTLE_RESULTS=$results run_suite client-install prove prove --verbose test/client_install.py
+version_independent_suites=8
 
 # run_version V: every version-dependent suite for PostgreSQL V; the counts
 # it prints last are added to $results as "V/suite passed failed". They are
@@ -65,7 +67,7 @@ for v in "${versions[@]}"; do
 done
 
 # Each version runs unit, cmake and the server suites (test/run-server-profiles.sh).
-suites_per_version=48
+suites_per_version=51
 echo
 echo "Suites:"
 summarize_results "$results"

@@ -6,7 +6,8 @@
 
 : "${PG_THROTTLE_RESULTS:=/dev/null}"
 
-# run_suite NAME FORMAT COMMAND...   FORMAT: gtest, regress, prove or count
+# run_suite NAME FORMAT COMMAND...   FORMAT: gtest, regress, prove, node (node --test's
+# summary), pytest or count
 run_suite() {
     local name=$1 format=$2
     shift 2
@@ -39,12 +40,31 @@ run_suite() {
         passed=$(( ${total:-0} - failed ))
         skipped=$(sed -n 's/^.* \.\. skipped: \(.*\)$/\1/p' "$log" | tail -1)
         ;;
+    node)
+        # node --test's summary: "ℹ pass N" (spec reporter) or "# pass N" (tap); a test
+        # cancelled (its file died, or it timed out) has failed.
+        passed=$(sed -n 's/^\(ℹ\|#\) pass \([0-9]*\)$/\2/p' "$log" | tail -1)
+        failed=$(sed -n 's/^\(ℹ\|#\) \(fail\|cancelled\) \([0-9]*\)$/\3/p' "$log" |
+            tail -2 | awk '{s += $1} END {print s + 0}')
+        ;;
+    pytest)
+        # pytest's last line: "N passed, N failed, N error in S s" (any of them absent
+        # when zero); an error (a fixture that failed) counts as a failure.
+        local summary
+        summary=$(grep -E '^(=+ )?[0-9]+ (passed|failed|errors?|skipped)' "$log" | tail -1)
+        passed=$(grep -oE '[0-9]+ passed' <<<"$summary" | awk '{s += $1} END {print s + 0}')
+        failed=$(grep -oE '[0-9]+ (failed|errors?)' <<<"$summary" | awk '{s += $1} END {print s + 0}')
+        ;;
     count)
         # A check that is one test: passed when the command succeeds.
         passed=$(( rc == 0 ? 1 : 0 )) failed=$(( rc == 0 ? 0 : 1 ))
         ;;
     esac
     passed=${passed:-0} failed=${failed:-0}
+    # A test runner that ran no test has proven nothing.
+    if [ "$format" = node ] || [ "$format" = pytest ]; then
+        [ $((passed + failed)) -eq 0 ] && failed=1
+    fi
     # A suite that exits non-zero has failed, whatever it counted.
     if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
         failed=1

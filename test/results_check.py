@@ -38,8 +38,43 @@ def run(suites):
     return recorded, summary, done.stdout, [int(c) for c in codes]
 
 
+def run_formatted(suites):
+    """Runs each (name, format, output, exit code) through run_suite; returns the
+    results file's lines."""
+    with tempfile.TemporaryDirectory() as tmp:
+        script = ["set -u", f"source {RESULTS_SH}"]
+        for name, fmt, output, code in suites:
+            shown = os.path.join(tmp, f"{name}.out")
+            with open(shown, "w") as f:
+                f.write(output)
+            script.append(f"run_suite {name} {fmt} bash -c 'cat {shown}; exit {code}'")
+        results = os.path.join(tmp, "results")
+        subprocess.run(["bash", "-c", "\n".join(script)], capture_output=True, text=True,
+                       env=dict(os.environ, PG_THROTTLE_RESULTS=results))
+        with open(results) as f:
+            return f.read().splitlines()
+
+
+def check_runners(tap):
+    """Node's test runner and pytest, as the client packages' suites print them."""
+    recorded = run_formatted([
+        ("node_passes", "node", "\u2139 tests 3\n\u2139 pass 3\n\u2139 fail 0\n\u2139 cancelled 0\n", 0),
+        ("node_fails", "node", "\u2139 tests 4\n\u2139 pass 2\n\u2139 fail 1\n\u2139 cancelled 1\n", 1),
+        ("node_none", "node", "\u2139 tests 0\n\u2139 pass 0\n\u2139 fail 0\n", 0),
+        ("py_passes", "pytest", "....\n4 passed in 1.20s\n", 0),
+        ("py_fails", "pytest", "..FE\n1 failed, 2 passed, 1 error in 1.20s\n", 1),
+        ("py_skips", "pytest", "7 passed, 1 skipped in 2.00s\n", 0),
+        ("py_none", "pytest", "no tests ran in 0.01s\n", 5),
+    ])
+    tap.is_(recorded, ["node_passes 3 0", "node_fails 2 2", "node_none 0 1", "py_passes 4 0",
+                       "py_fails 2 2", "py_skips 7 0", "py_none 0 1"],
+            "node --test and pytest summaries: a cancelled test and an error are failures,"
+            " a run of no test is one")
+
+
 def main():
-    tap = Tap(9)
+    tap = Tap(10)
+    check_runners(tap)
     recorded, summary, out, codes = run([
         ("passes", "1..2\nok 1\nok 2", 0),
         ("fails", "1..2\nok 1\nnot ok 2", 1),

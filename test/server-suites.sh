@@ -3,8 +3,10 @@
 # environment (pg_virtualenv sets it). One profile per server configuration:
 #   main           pg_throttle preloaded, default settings: pg_regress, pgTAP, real clients,
 #                  the documentation's examples, what newer servers show (version_features.py),
-#                  the Prometheus exporter, PgBouncer, the client examples (examples/) and
-#                  Citus (a three-node cluster of its own; skipped without Citus)
+#                  the Prometheus exporter, PgBouncer, the client packages (clients/: Node's
+#                  and Python's test suites, the dashboard's in headless Chromium), the
+#                  examples on them (examples/) and Citus (a three-node cluster of its own;
+#                  skipped without Citus)
 #   small-registry pg_throttle preloaded, pg_throttle.max_entries = 100
 #   crash PHASE    pg_throttle preloaded, on a cluster the suite crashes itself (one per
 #                  fault: backend, postmaster, damaged-checkpoint, cycles)
@@ -21,6 +23,13 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$ROOT/test/results.sh"
 cd "$ROOT"
+
+# node_suite DIR: `npm ci` in DIR (a package of clients/), then its tests with Node's runner,
+# one file at a time (they share the cluster).
+node_suite() {
+    (cd "$1" && npm ci --no-audit --no-fund --loglevel=error >/dev/null &&
+        node --test --test-concurrency=1 --test-reporter=spec test/*.test.js)
+}
 
 profile=${1:?profile: main, small-registry, crash, restart, failover, upgrade, not-preloaded or soak}
 status=0
@@ -71,6 +80,10 @@ main)
     # Skips itself, with the reason, unless Citus is installed for this server.
     run_suite citus prove prove --verbose test/integration/citus.py || status=1
     run_suite pgbouncer prove prove --verbose test/integration/pgbouncer.py || status=1
+    run_suite client-node node node_suite clients/node || status=1
+    run_suite client-python pytest env PYTHONPATH="$ROOT/clients/python/src" \
+        python3 -m pytest -q -p no:cacheprovider clients/python/tests || status=1
+    run_suite dashboard node node_suite clients/dashboard || status=1
     run_suite examples-python prove prove --verbose test/integration/examples_python.py ||
         status=1
     run_suite examples-node prove prove --verbose test/integration/examples_node.py ||
