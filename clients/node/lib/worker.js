@@ -45,7 +45,7 @@ class Worker extends EventEmitter {
     }
     const maxDefault = groups ? null : 1;   // claim takes one; claim_group the group's due events
     const maxValue = max === undefined ? maxDefault : max;
-    if (maxValue !== null && (!Number.isInteger(maxValue) || maxValue < 1)) {
+    if ((maxValue === null && !groups) || (maxValue !== null && (!Number.isInteger(maxValue) || maxValue < 1))) {
       throw new RangeError(`max must be an integer >= 1 (or null with groups), not ${max}`);
     }
     this.queue = queue;
@@ -72,6 +72,15 @@ class Worker extends EventEmitter {
     this._woken = false;         // a wake-up that came while the loop was not idle
     this._signalHandler = null;
     this._done = null;
+    this._tail = Promise.resolve();   // the last query sent on the queue's session
+  }
+
+  // One session's queries, sent one after the other in the order they are asked for (the
+  // heartbeat relies on that order; node-postgres deprecates queueing them itself).
+  _query(sql, params) {
+    const p = this._tail.then(() => this._db.query(sql, params));
+    this._tail = p.catch(() => {});
+    return p;
   }
 
   _log(message) {
@@ -211,7 +220,7 @@ class Worker extends EventEmitter {
 
   async _claim() {
     const fn = this.groups ? 'claim_group' : 'claim';
-    const { rows } = await this._db.query(
+    const { rows } = await this._query(
       `SELECT * FROM throttle.${fn}($1, $2, make_interval(secs => $3), $4)`,
       [this.queue, this.workerName, this.lease, this.max]);
     if (rows.length > 0) this.emit('claimed', rows);
@@ -219,20 +228,20 @@ class Worker extends EventEmitter {
   }
 
   async _extend(ids, token) {
-    const { rows } = await this._db.query(
+    const { rows } = await this._query(
       'SELECT throttle.extend($1::bigint[], $2::bigint, make_interval(secs => $3)) AS n',
       [ids, token, this.lease]);
     return rows[0].n;
   }
 
   async _complete(ids, token) {
-    const { rows } = await this._db.query(
+    const { rows } = await this._query(
       'SELECT throttle.complete($1::bigint[], $2::bigint) AS n', [ids, token]);
     return rows[0].n;
   }
 
   async _fail(ids, token, error, retryIn) {
-    const { rows } = await this._db.query(
+    const { rows } = await this._query(
       'SELECT throttle.fail($1::bigint[], $2::bigint, $3, make_interval(secs => $4)) AS n',
       [ids, token, error, retryIn]);
     return rows[0].n;
