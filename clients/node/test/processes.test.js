@@ -84,6 +84,34 @@ test('worker processes, one SIGKILLed mid-job: its event is taken over, every ev
   assert.ok(new Set(completed.map((r) => r.worker)).size > 1, 'more than one process completed events');
 });
 
+test('handleSignals: SIGTERM finishes the held work; a second SIGTERM hands it back at once, exit 0', async (t) => {
+  const db = await connect();
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'pg-throttle-sig.'));
+  const queue = unique('np.signals');
+  const child = fork(CHILD, ['sig-0', queue, '30', path.join(tmp, 'sig-0.jsonl')], { stdio: ['ignore', 'ignore', 'inherit', 'ipc'] });
+  t.after(async () => {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+    fs.rmSync(tmp, { recursive: true, force: true });
+    await db.end();
+  });
+  const logs = [];
+  let claimed = null;
+  child.on('message', (m) => { if (m.log) logs.push(m.log); if (m.slow) claimed = m.slow; });
+  const exit = new Promise((resolve) => child.on('exit', (code) => resolve(code)));
+  const [slow] = await scheduleMany(db, queue, [{ itemKey: 'slow', payload: { slow: true } }]);
+  assert.ok(await waitFor(() => claimed === slow, 15000));
+  child.kill('SIGTERM');
+  assert.ok(await waitFor(() => logs.includes('SIGTERM: finishing the events held, then exiting')), logs.join('\n'));
+  const t0 = Date.now();
+  child.kill('SIGTERM');
+  assert.strictEqual(await exit, 0);
+  assert.ok(Date.now() - t0 < 5000);
+  assert.ok(logs.includes('second SIGTERM: handing the events held back'), logs.join('\n'));
+  assert.ok(logs.includes('handed back 1 event(s)'), logs.join('\n'));
+  const ev = await one(db, 'SELECT state, attempts, last_error, run_at <= now() AS due FROM throttle.event WHERE id = $1', [slow]);
+  assert.deepStrictEqual(ev, { state: 'pending', attempts: 1, last_error: 'worker shutting down', due: true });
+});
+
 function readLog(dir, name) {
   const file = path.join(dir, `${name}.jsonl`);
   if (!fs.existsSync(file)) return [];

@@ -29,6 +29,7 @@ const worker = new Worker({
 });
 worker.on('completed', (event) => log({ kind: 'completed', id: event.id, attempt: event.attempts }));
 worker.on('claimed', (events) => { if (events.some((e) => e.payload.slow)) process.send({ slow: events[0].id }); });
+worker.on('log', (message) => process.send({ log: message }));
 worker.once('ready', () => process.send({ ready: true }));
 worker.start().then(() => worker.wait()).then(() => process.exit(0), (err) => {
   console.error(`${name}: ${err.stack || err}`);
