@@ -55,9 +55,9 @@ test('two holders never overlap: the second fails at once, or waits; fence token
 test('renewals keep the lease past its ttl while the function runs', async () => {
   const name = unique('nl.renew');
   const [a, b] = [await client(), await client()];
-  const result = await withLease(a, name, 0.9, async ({ signal }) => {
-    await sleep(2200, signal);
-    // 2.2 s into a 0.9 s lease: still held by this holder.
+  const result = await withLease(a, name, 1.5, async ({ signal }) => {
+    await sleep(3200, signal);
+    // 3.2 s into a 1.5 s lease: still held by this holder.
     const other = await one(b, 'SELECT throttle.lock($1, ttl => $2) AS token', [name, '5 seconds']);
     assert.strictEqual(other.token, null);
     return 'done';

@@ -76,7 +76,7 @@ test('worker processes, one SIGKILLed mid-job: its event is taken over, every ev
   const slow = history.find((h) => h.id === slowId);
   assert.strictEqual(slow.attempts, 2);
   assert.notStrictEqual(slow.completed_by, killed);
-  assert.ok(tookOver >= (LEASE - 1) * 1000, `taken over after the lease (${tookOver} ms)`);
+  assert.ok(tookOver < 15000, `taken over ${tookOver} ms after the kill`);
   const attempts = await rows(db, `SELECT attempt, claimed_by, outcome FROM throttle.attempt_history
                                    WHERE event_id = $1 ORDER BY attempt`, [slowId]);
   assert.deepStrictEqual(attempts.map((a) => [a.attempt, a.claimed_by === killed, a.outcome]),

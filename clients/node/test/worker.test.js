@@ -16,6 +16,8 @@ function startWorker(options) {
   const w = new Worker({ pollSeconds: 0.3, lease: 10, ...options });
   w.messages = [];
   w.on('log', (m) => w.messages.push(m));
+  w.isReady = false;
+  w.once('ready', () => { w.isReady = true; });
   workers.push(w);
   return w.start();
 }
@@ -102,11 +104,11 @@ test('the heartbeat keeps a claim past its lease while the handler runs', async 
   const queue = unique('nw.heartbeat');
   const id = await schedule(db, queue, 'long');
   const handled = [];
-  await startWorker({ queue, workerName: 'beat-0', lease: 0.9,
-                      handler: async (e) => { await sleep(2500); handled.push(['beat-0', e.id]); } });
+  await startWorker({ queue, workerName: 'beat-0', lease: 1.5,
+                      handler: async (e) => { await sleep(3200); handled.push(['beat-0', e.id]); } });
   assert.ok(await waitFor(async () => (await one(db, "SELECT state FROM throttle.event WHERE id = $1", [id]))?.state === 'claimed'));
   // An idle worker polling often would take an expired claim over.
-  await startWorker({ queue, workerName: 'beat-1', lease: 0.9, handler: async (e) => { handled.push(['beat-1', e.id]); } });
+  await startWorker({ queue, workerName: 'beat-1', lease: 1.5, handler: async (e) => { handled.push(['beat-1', e.id]); } });
   assert.ok(await waitFor(async () => (await one(db, 'SELECT state FROM throttle.event_history WHERE id = $1', [id]))?.state === 'done', 10000));
   const ev = await one(db, 'SELECT attempts, completed_by FROM throttle.event_history WHERE id = $1', [id]);
   assert.deepStrictEqual(ev, { attempts: 1, completed_by: 'beat-0' });
@@ -243,6 +245,44 @@ test('batch: the handler gets the claim\'s events together', async () => {
   await w.stop();
   assert.deepStrictEqual(batches.map((b) => b.length), [3, 3]);
   assert.deepStrictEqual(batches.flat().sort(), [...ids].sort());
+});
+
+test('LISTEN wakes an idle worker, also when a run_at ahead falls due', async () => {
+  const queue = unique('nw.listen');
+  const handled = [];
+  const w = await startWorker({ queue, workerName: 'listen-0', pollSeconds: 30,
+                                handler: async (e) => { handled.push({ key: e.item_key, at: Date.now() }); } });
+  assert.ok(await waitFor(() => w.isReady));
+  await sleep(200);   // asleep in its 30 s poll interval now
+  const t0 = Date.now();
+  await schedule(db, queue, 'now');
+  assert.ok(await waitFor(() => handled.length === 1, 5000));
+  assert.ok(handled[0].at - t0 < 1000, `woken after ${handled[0].at - t0} ms`);
+  const due = Date.now() + 1500;
+  await schedule(db, queue, 'later', { runAt: new Date(due) });
+  assert.ok(await waitFor(() => handled.length === 2, 8000));
+  assert.ok(handled[1].at >= due - 50 && handled[1].at - due < 1500, `handled ${handled[1].at - due} ms after run_at`);
+});
+
+test('strict order: after a failure the claim\'s later events are left, and run after the retry', async () => {
+  const queue = unique('nw.strict');
+  await db.query('INSERT INTO throttle.group_policy (queue, workers, strict_order) VALUES ($1, 1, true)', [queue]);
+  const ids = [];
+  for (const step of [1, 2, 3]) ids.push(await schedule(db, queue, `step:${step}`, { groupKey: 'g' }));
+  const runs = [];
+  const left = [];
+  const w = await startWorker({
+    queue, workerName: 'strict-0', groups: true, retryIn: 0.3, pollSeconds: 0.2,
+    handler: async (e) => {
+      runs.push([e.item_key, e.attempts]);
+      if (e.item_key === 'step:1' && e.attempts === 1) throw new Error('first try fails');
+    },
+  });
+  w.on('left', (l) => left.push(l.ids));
+  assert.ok(await waitFor(async () => (await one(db, "SELECT count(*)::int AS n FROM throttle.event_history WHERE id = ANY($1) AND state = 'done'", [ids])).n === 3, 10000));
+  assert.deepStrictEqual(runs, [['step:1', 1], ['step:1', 2], ['step:2', 1], ['step:3', 1]]);
+  assert.deepStrictEqual(left, [[ids[1], ids[2]]]);
+  assert.ok(!w.messages.some((m) => / lost \(/.test(m)), w.messages.join('\n'));
 });
 
 test('options are checked', () => {
