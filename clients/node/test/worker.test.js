@@ -285,6 +285,20 @@ test('strict order: after a failure the claim\'s later events are left, and run 
   assert.ok(!w.messages.some((m) => / lost \(/.test(m)), w.messages.join('\n'));
 });
 
+test('a lost connection stops the worker: wait() rejects, the log says why', async () => {
+  const queue = unique('nw.conn');
+  const name = unique('conn');
+  const w = await startWorker({ queue, workerName: name, handler: async () => {} });
+  const errors = [];
+  w.on('error', (err) => errors.push(err));
+  assert.ok(await waitFor(() => w.isReady));
+  await db.query('SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1',
+                 [`pg-throttle worker ${name}`]);
+  await assert.rejects(w.wait());
+  assert.strictEqual(errors.length, 1);
+  assert.ok(w.messages.some((m) => m.startsWith('connection lost: ')), w.messages.join('\n'));
+});
+
 test('options are checked', () => {
   assert.throws(() => new Worker({ handler: () => {} }), TypeError);
   assert.throws(() => new Worker({ queue: 'q' }), TypeError);
