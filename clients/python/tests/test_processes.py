@@ -1,0 +1,80 @@
+"""Several worker processes drain one queue; one is SIGKILLed in the middle of
+a job: its event is taken over once its lease ends, and every event is
+completed exactly once (the workers' logs and throttle.event_history)."""
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pg_throttle
+from conftest import wait_until
+
+PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_prog.py")
+LEASE = 1.5
+
+
+def read_log(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_processes_and_a_sigkill(conn, name, tmp_path):
+    log = str(tmp_path / "log")
+    events = [{"item_key": f"job:{n}", "payload": {"hang": n == 5}} for n in range(60)]
+    ids = pg_throttle.schedule_many(conn, name, events)
+    hang_id = ids[5]
+    procs = {}
+    try:
+        for n in range(3):
+            worker = f"{name}-{n}"
+            procs[worker] = subprocess.Popen([sys.executable, PROGRAM, name, worker, log, str(LEASE)],
+                                             stdout=subprocess.PIPE, stderr=open(tmp_path / f"{n}.err", "w"),
+                                             text=True, start_new_session=True)
+        for worker, proc in procs.items():
+            assert proc.stdout.readline().strip() == "ready", (tmp_path / "0.err").read_text()
+
+        def hanging():
+            return [line for line in read_log(log) if line["id"] == hang_id and line["what"] == "start"]
+        assert wait_until(hanging, 15)
+        victim = hanging()[0]["worker"]
+        procs[victim].send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        assert procs[victim].wait(10) == -signal.SIGKILL
+
+        def left():
+            return conn.execute("SELECT count(*) FROM throttle.event WHERE queue = %s", (name,)).fetchone()[0]
+        assert wait_until(lambda: left() == 0, 30), left()
+        for worker, proc in procs.items():
+            if worker != victim:
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(10) == 0
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    lines = read_log(log)
+    done = collections.Counter(line["id"] for line in lines if line["what"] == "done")
+    assert done == collections.Counter(ids), "each event done exactly once in the workers' logs"
+    rows = conn.execute("SELECT id, state, completed_by FROM throttle.all_events WHERE queue = %s", (name,)).fetchall()
+    assert sorted(r[0] for r in rows) == sorted(ids) and {r[1] for r in rows} == {"done"}
+    by_id = {line["id"]: line["worker"] for line in lines if line["what"] == "done"}
+    assert all(by_id[r[0]] == r[2] for r in rows), "the worker that logged done is completed_by"
+    assert len({line["worker"] for line in lines}) == 3, "the three workers shared the queue"
+    # The victim's event: started by the victim, taken over only after its lease ended
+    # (no earlier than the expired attempt's end), completed by another worker on attempt 2.
+    attempts = conn.execute("""SELECT claimed_by, outcome, claimed_at, ended_at FROM throttle.attempt_history
+                               WHERE event_id = %s ORDER BY claimed_at""", (hang_id,)).fetchall()
+    assert [(a[0] == victim, a[1]) for a in attempts] == [(True, "expired"), (False, "completed")]
+    assert attempts[1][2] >= attempts[0][3]
+    takeover = [line for line in lines if line["id"] == hang_id and line["what"] == "start"][1]
+    assert takeover["worker"] != victim and takeover["attempt"] == 2
+    assert takeover["at"] - killed_at > 0
+    # Nothing done by the victim after it was killed.
+    assert not [line for line in lines if line["worker"] == victim and line["at"] > killed_at]
