@@ -23,6 +23,16 @@ def read_log(path):
         return [json.loads(line) for line in f]
 
 
+def start(tmp_path, queue, worker, log):
+    proc = subprocess.Popen([sys.executable, PROGRAM, queue, worker, log, str(LEASE)],
+                            stdout=subprocess.PIPE, stderr=open(tmp_path / f"{worker}.err", "w"),
+                            text=True, start_new_session=True)
+    if proc.stdout.readline().strip() != "ready":
+        proc.kill()
+        raise AssertionError((tmp_path / f"{worker}.err").read_text())
+    return proc
+
+
 def test_processes_and_a_sigkill(conn, name, tmp_path):
     log = str(tmp_path / "log")
     events = [{"item_key": f"job:{n}", "payload": {"hang": n == 5}} for n in range(60)]
@@ -31,12 +41,7 @@ def test_processes_and_a_sigkill(conn, name, tmp_path):
     procs = {}
     try:
         for n in range(3):
-            worker = f"{name}-{n}"
-            procs[worker] = subprocess.Popen([sys.executable, PROGRAM, name, worker, log, str(LEASE)],
-                                             stdout=subprocess.PIPE, stderr=open(tmp_path / f"{n}.err", "w"),
-                                             text=True, start_new_session=True)
-        for worker, proc in procs.items():
-            assert proc.stdout.readline().strip() == "ready", (tmp_path / "0.err").read_text()
+            procs[f"{name}-{n}"] = start(tmp_path, name, f"{name}-{n}", log)
 
         def hanging():
             return [line for line in read_log(log) if line["id"] == hang_id and line["what"] == "start"]
@@ -78,3 +83,29 @@ def test_processes_and_a_sigkill(conn, name, tmp_path):
     assert takeover["at"] - killed_at > 0
     # Nothing done by the victim after it was killed.
     assert not [line for line in lines if line["worker"] == victim and line["at"] > killed_at]
+
+
+def test_sigterm_finishes_then_a_second_hands_back(conn, name, tmp_path):
+    """install_signal_handlers: the first SIGTERM lets the job run on and
+    claims nothing more; the second cancels it and hands the event back with
+    retry_in 0 (pending, due now, its attempt counted); exit 0."""
+    log = str(tmp_path / "log")
+    proc = start(tmp_path, name, f"{name}-w", log)
+    try:
+        hang_id = pg_throttle.schedule(conn, name, "hang", payload={"hang": True})
+        assert wait_until(lambda: read_log(log), 10)
+        proc.send_signal(signal.SIGTERM)
+        after_id = pg_throttle.schedule(conn, name, "after")
+        time.sleep(0.6)                 # three polls: a worker still claiming would have claimed it
+        assert proc.poll() is None, "the first SIGTERM waits for the job"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    rows = conn.execute("""SELECT id, state, attempts, last_error, run_at <= now() FROM throttle.event
+                           WHERE queue = %s ORDER BY id""", (name,)).fetchall()
+    assert rows == [(hang_id, "pending", 1, pg_throttle.Worker.HANDED_BACK, True),
+                    (after_id, "pending", 0, None, True)]
+    assert [line["what"] for line in read_log(log)] == ["start", "cancelled"]

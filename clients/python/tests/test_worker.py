@@ -244,3 +244,15 @@ def test_options_are_checked():
     with pytest.raises(ValueError):
         pg_throttle.Worker("q", print, install_signal_handlers=True).start()
     assert pg_throttle.Worker("q", print, lease=datetime.timedelta(seconds=5)).lease == datetime.timedelta(seconds=5)
+
+
+def test_stop_from_a_handler(conn, name, workers):
+    """A handler may stop its own worker: the event is completed, the worker
+    ends (stop() does not wait for the thread it is called from)."""
+    ids = pg_throttle.schedule_many(conn, name, [{"item_key": "a"}, {"item_key": "b"}])
+
+    def handler(event, context):
+        context.worker.stop()
+    worker = workers(name, handler, max=1, name=f"{name}-w")
+    assert worker.join(10)
+    assert [e[1] for e in events(conn, name)] == ["done", "pending"] and events(conn, name)[0][0] == ids[0]

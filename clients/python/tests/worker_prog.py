@@ -2,8 +2,9 @@
 """A worker process for test_processes.py: worker_prog.py QUEUE NAME LOG LEASE.
 
 Appends a JSON line to LOG when it starts an event and when it finished one;
-an event whose payload has {"hang": true} hangs on its first attempt (the
-test kills the process then). SIGTERM: finish and exit 0."""
+an event whose payload has {"hang": true} hangs on its first attempt until
+the worker aborts (the test kills the process, or sends a second SIGTERM).
+SIGTERM: finish and exit 0; a second one: hand back and exit 0."""
 import json
 import os
 import sys
@@ -28,7 +29,11 @@ def main():
         line = {"worker": name, "pid": os.getpid(), "id": event["id"], "attempt": event["attempts"]}
         append_line(log, {**line, "at": time.time(), "what": "start"})
         if event["payload"].get("hang") and event["attempts"] == 1:
-            time.sleep(3600)
+            try:
+                context.sleep(3600)
+            except pg_throttle.Cancelled:
+                append_line(log, {**line, "at": time.time(), "what": "cancelled"})
+                raise
         time.sleep(0.01)
         append_line(log, {**line, "at": time.time(), "what": "done"})
     worker = pg_throttle.Worker(queue, handler, name=name, lease=lease, poll=0.2, max=2, concurrency=2,

@@ -242,6 +242,7 @@ class Worker:
         self._slots: List[_Slot] = []
         self._fatal: Optional[BaseException] = None
         self._thread: Optional[threading.Thread] = None
+        self._ran = False
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -265,8 +266,10 @@ class Worker:
                     cancel.set()
         self._stopping.set()
         self._wake()
-        thread = self._thread
-        if wait and thread is not None and thread is not threading.current_thread():
+        thread, current = self._thread, threading.current_thread()
+        # Not from the worker's own threads (a handler): they are what it waits for.
+        if wait and thread is not None and thread is not current and all(s.thread is not current
+                                                                         for s in self._slots):
             thread.join()
 
     def start(self) -> "Worker":
@@ -312,6 +315,9 @@ class Worker:
     def run(self) -> None:
         """Claims and works until stop(); raises what ended it otherwise
         (VersionError, a lost connection, an error from a slot)."""
+        if self._ran:
+            raise RuntimeError("a Worker runs once: make a new one")
+        self._ran = True
         previous = {}
         if self.install_signal_handlers:
             for signum in (signal.SIGTERM, signal.SIGINT):
