@@ -56,8 +56,8 @@ def test_two_holders_never_overlap(name):
 
 
 def test_renewal_keeps_it_past_its_ttl(conn, name):
-    with pg_throttle.lease("", name, 1) as held:
-        time.sleep(2.5)
+    with pg_throttle.lease("", name, 1.5) as held:      # renewed every 0.5 s
+        time.sleep(3.5)
         assert not held.lost.is_set() and held.renewals >= 3
         assert lock_row(conn, name) == (held.fence, True)
         with pytest.raises(pg_throttle.LockBusy):

@@ -109,22 +109,22 @@ def test_groups_never_on_two_workers_at_once(conn, name, workers):
 
 
 def test_heartbeat_extends_past_the_lease(conn, name, workers):
-    """A 2.5 s job under a 1 s lease: the heartbeat keeps the claim, an eager
-    second worker never gets the event, and it is completed once."""
+    """A 3.5 s job under a 1.5 s lease: the heartbeat (every 0.5 s) keeps the
+    claim, an eager second worker never gets the event, and it is completed once."""
     event_id = pg_throttle.schedule(conn, name, "long")
     calls = Log()
 
     def slow(event, context):
         start = time.time()
-        time.sleep(2.5)
+        time.sleep(3.5)
         calls.add(id=event["id"], worker=context.name, lost=context.lost.is_set(), start=start, end=time.time(),
                   outcome="done")
 
     def eager(event, context):
         calls.add(id=event["id"], worker=context.name, outcome="done")
-    workers(name, slow, lease=1, name=f"{name}-slow")
+    workers(name, slow, lease=1.5, name=f"{name}-slow")
     assert wait_until(lambda: events(conn, name)[0][1] == "claimed", 5)
-    workers(name, eager, lease=1, poll=0.05, name=f"{name}-eager")
+    workers(name, eager, lease=1.5, poll=0.05, name=f"{name}-eager")
     assert wait_until(lambda: left(conn, name) == 0, 10)
     assert [(c["worker"], c["lost"]) for c in calls.lines] == [(f"{name}-slow", False)]
     assert events(conn, name) == [(event_id, "done", 1, f"{name}-slow", None)]
