@@ -256,3 +256,20 @@ def test_stop_from_a_handler(conn, name, workers):
     worker = workers(name, handler, max=1, name=f"{name}-w")
     assert worker.join(10)
     assert [e[1] for e in events(conn, name)] == ["done", "pending"] and events(conn, name)[0][0] == ids[0]
+
+
+def test_notify_wakes_an_idle_worker(conn, name, workers):
+    """A worker that polls once a minute picks up an event due now within a
+    second: the NOTIFY on the queue's channel wakes it (the name has dots, so
+    the LISTEN must quote it)."""
+    worker = workers(name, lambda event, context: None, poll=60, concurrency=2)
+    latencies = []
+    for n in range(3):
+        time.sleep(0.2)                 # idle, asleep in its wait
+        t0 = time.monotonic()
+        event_id = pg_throttle.schedule(conn, name, f"now:{n}")
+        assert wait_until(lambda: conn.execute("SELECT state FROM throttle.all_events WHERE id = %s",
+                                               (event_id,)).fetchone()[0] == "done", 5, 0.005)
+        latencies.append(time.monotonic() - t0)
+    assert max(latencies) < 1.0, latencies
+    worker.stop()
