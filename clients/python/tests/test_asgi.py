@@ -121,17 +121,30 @@ def test_async_key_and_a_given_pool(name):
     assert sorted(limits(a)[:3] for a in answers) == [(200, "2", "0"), (200, "2", "1"), (429, "2", "0")]
 
 
-def test_database_away_is_503():
+def test_database_away_is_503_without_blocking_the_loop():
+    """No server: 503 with Retry-After 1 once the pool gives up (0.3 s), and
+    meanwhile the event loop runs other tasks (a ticker every 10 ms)."""
     async def main():
         middleware = pg_throttle.RateLimitMiddleware(app, "host=/nonexistent-pg-throttle-dir", rate=1,
                                                      pool_timeout=0.3)
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+        task = asyncio.ensure_future(ticker())
         try:
-            return await request(middleware, "x")
+            answer = await request(middleware, "x")
         finally:
+            task.cancel()
             await middleware.aclose()
-    status, headers, body = asyncio.run(main())
+        return answer, ticks
+    (status, headers, body), ticks = asyncio.run(main())
     assert (status, headers.get("retry-after")) == (503, "1")
     assert json.loads(body) == {"error": "rate limit unavailable"}
+    assert ticks >= 10, ticks
 
 
 def test_lifespan_closes_its_own_pool(name):

@@ -5,6 +5,7 @@ import datetime
 import threading
 import time
 
+import psycopg
 import pytest
 
 import pg_throttle
@@ -273,3 +274,19 @@ def test_notify_wakes_an_idle_worker(conn, name, workers):
         latencies.append(time.monotonic() - t0)
     assert max(latencies) < 1.0, latencies
     worker.stop()
+
+
+def test_connection_factory(conn, name, workers):
+    """conninfo may be a callable: the worker opens concurrency + 1
+    connections with it, in autocommit whatever the factory made."""
+    made = []
+
+    def factory():
+        c = psycopg.connect("", application_name=name[:60])
+        made.append(c)
+        return c
+    pg_throttle.schedule(conn, name, "one")
+    worker = workers(name, lambda event, context: None, conninfo=factory, concurrency=2)
+    assert wait_until(lambda: left(conn, name) == 0, 10)
+    worker.stop()
+    assert len(made) == 3 and all(c.closed for c in made)
