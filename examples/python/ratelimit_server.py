@@ -3,7 +3,9 @@
 
     ratelimit_server.py [--dsn DSN] [--port 0] [--rate 2] [--per 1] [--burst 3]
 
-Each request is keyed by its client: the X-Api-Key header, else the client's
+The limit is pg_throttle.RateLimiter of the Python client (clients/python;
+for an ASGI application, pg_throttle.RateLimitMiddleware does the same). Each
+request is keyed by its client: the X-Api-Key header, else the client's
 address (behind a proxy, use the address the proxy forwards instead); a key
 that makes the bucket's name longer than pg_throttle's 200 bytes gets 400. One
 throttle.take per request takes a unit from the client's bucket, `rate` units
@@ -25,8 +27,8 @@ closed rather than letting requests through. Listens on 127.0.0.1; port 0
 picks a free port, printed on the first line of output.
 """
 import argparse
-import datetime
 import json
+import os
 import signal
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,42 +36,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import psycopg
 from psycopg_pool import ConnectionPool
 
-
-MAX_BUCKET_NAME = 200              # bytes: pg_throttle's longest key name
-
-
-def whole_seconds_up(interval):
-    """An interval in whole seconds, rounded up (exactly, in microseconds)."""
-    micros = interval // datetime.timedelta(microseconds=1)
-    return -(-micros // 1_000_000)
-
-
-class RateLimit:
-    """The middleware: one bucket per client key."""
-
-    def __init__(self, pool, rate, per, burst):
-        self.pool, self.rate, self.burst = pool, rate, burst
-        self.per = datetime.timedelta(seconds=per)
-
-    @staticmethod
-    def bucket(key):
-        """The bucket's name in pg_throttle for a client key."""
-        return "http:" + key
-
-    def check(self, key):
-        """Takes a unit for `key`; returns (allowed, headers, retry_after)."""
-        with self.pool.connection() as conn:
-            allowed, remaining, retry_after, reset_after = conn.execute(
-                "SELECT allowed, remaining, retry_after, reset_after FROM throttle.take(%s, %s, %s, %s)",
-                (self.bucket(key), self.rate, self.per, self.burst)).fetchone()
-        headers = {
-            "RateLimit-Limit": str(self.burst),
-            "RateLimit-Remaining": str(remaining),
-            "RateLimit-Reset": str(whole_seconds_up(reset_after)),
-        }
-        if not allowed:
-            headers["Retry-After"] = str(max(1, whole_seconds_up(retry_after)))
-        return allowed, headers, retry_after
+try:
+    import pg_throttle
+except ImportError:             # not installed: the client next to this example
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "..", "clients", "python", "src"))
+    import pg_throttle
 
 
 def app(request):
@@ -78,7 +50,7 @@ def app(request):
 
 
 class Handler(BaseHTTPRequestHandler):
-    limit = None                    # a RateLimit, set by main()
+    limit = None                    # a pg_throttle.RateLimiter, set by main()
     protocol_version = "HTTP/1.1"   # keep-alive: a client may send many requests on one connection
 
     def client_key(self):
@@ -86,14 +58,13 @@ class Handler(BaseHTTPRequestHandler):
         return f"key:{api_key}" if api_key else f"addr:{self.client_address[0]}"
 
     def do_GET(self):
-        key = self.client_key()
-        # The client's mistake, not the database's: take refuses a name over
-        # 200 bytes (SQLSTATE 22023), so an over-long X-Api-Key is a 400.
-        if len(RateLimit.bucket(key).encode()) > MAX_BUCKET_NAME:
+        try:
+            decision = self.limit.take(self.client_key())
+        except pg_throttle.KeyTooLong:
+            # The client's mistake, not the database's: take refuses a name over
+            # 200 bytes (SQLSTATE 22023), so an over-long X-Api-Key is a 400.
             self.answer(400, {"error": "X-Api-Key too long"}, {})
             return
-        try:
-            allowed, headers, retry_after = self.limit.check(key)
         except psycopg.OperationalError as e:
             # The database is away or the pool timed out (PoolTimeout is an
             # OperationalError). Fail closed: without the database there is
@@ -106,11 +77,11 @@ class Handler(BaseHTTPRequestHandler):
             self.log_error("rate limit check failed: %s", e)
             self.answer(500, {"error": "rate limit check failed"}, {})
             return
-        if allowed:
-            self.answer(200, app(self), headers)
+        if decision.allowed:
+            self.answer(200, app(self), decision.headers)
         else:
             self.answer(429, {"error": "too many requests",
-                              "retry_after_s": retry_after.total_seconds()}, headers)
+                              "retry_after_s": decision.retry_after.total_seconds()}, decision.headers)
 
     do_POST = do_GET
 
@@ -137,7 +108,9 @@ def main():
 
     pool = ConnectionPool(args.dsn, min_size=1, max_size=args.pool, kwargs={"autocommit": True})
     pool.wait(timeout=10)           # fail at start, not on the first request, if the database is away
-    Handler.limit = RateLimit(pool, args.rate, args.per, args.burst or args.rate)
+    with pool.connection() as conn:  # ... or has no pg_throttle this client supports (VersionError)
+        pg_throttle.check_version(conn)
+    Handler.limit = pg_throttle.RateLimiter(pool, args.rate, args.per, args.burst or args.rate, prefix="http:")
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     # SIGTERM ends serve_forever like Ctrl-C, so that the pool is closed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -1,0 +1,552 @@
+"""The queue worker runtime: claim, work, complete or fail.
+
+A Worker connects in autocommit (a claim must commit to be seen by others, and
+a group is freed when its complete commits), LISTENs on the queue's channel
+(the channel is the queue's name: pg_throttle NOTIFYs it whenever an event
+becomes claimable, also when a run_at ahead, a retry's backoff or a lease
+falls due) and also polls every `poll` seconds, since a NOTIFY is only a hint.
+
+The main loop (run()) claims with throttle.claim, or throttle.claim_group
+with groups=True, on its own connection, and hands each claim to one of
+`concurrency` threads, each with a connection of its own. While a claim is
+worked on, a heartbeat thread extends it every lease/3. If extend renews
+fewer events than it was given, the claim was lost (the lease ran out or an
+operator released the group): another worker may have the events now, so
+the handler is told (context.lost, context.cancelled) and they are never
+completed. So does a complete or fail that ends fewer events than it was
+given. After a failure in a group claim the worker extends the claim's later
+events before it handles them: in a group in strict order the failure handed
+them back (they run after the failed event's retry), and extend renewing
+fewer than it was given says so. An ungrouped claim's events are never handed
+back by a fail, so it skips that extend.
+
+stop() (or SIGTERM with install_signal_handlers): claim no more, finish the
+events already claimed, return. stop(abort=True) (or a second SIGTERM, or
+the first with on_term="handback"): cancel the work at once and hand the
+events back with fail(..., retry_in 0), so another worker gets them at once:
+first the one being worked on (in a group in strict order, that sends the
+claim's later ones back to pending, their attempt not counted), then, in one
+more fail, whatever the claim still holds. Either way nothing is left claimed
+until its lease runs out. A lost database connection ends run() with the
+error: run it under a supervisor that restarts it (its claims are taken over
+when their leases end).
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import queue as queue_module
+import select
+import signal
+import socket
+import threading
+from typing import Any, Callable, Dict, List, Optional
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from ._conn import Connect, Seconds, connect, interval, seconds
+
+log = logging.getLogger("pg_throttle.worker")
+
+#: An event: a dict of throttle.event's columns (id, queue, item_key,
+#: group_key, payload, attempts, claim_token, ...).
+Event = Dict[str, Any]
+
+
+class Cancelled(Exception):
+    """Raised by a handler that stopped early because context.cancelled was
+    set (the claim was lost, or the worker is aborting): its events are
+    handed back unless the claim was lost."""
+
+
+class RetryLater(Exception):
+    """Raised by a handler to fail the event(s) with a retry delay of its own
+    (seconds or a timedelta) instead of the worker's retry_in."""
+
+    def __init__(self, retry_in: Seconds, message: str = "retry later"):
+        super().__init__(message)
+        self.retry_in = interval(retry_in)
+
+
+class Context:
+    """What a handler gets besides its event(s), for one claim.
+
+    worker: the Worker; name: the worker's name (claimed_by); queue;
+    token / fence: the claim's claim_token, a fence token (greater than any
+    handed out before it) to pass to systems that reject stale writers;
+    events: every event of the claim; lost: a threading.Event set when the
+    claim was lost (never complete: another worker may have the events);
+    cancelled: a threading.Event set when the claim was lost or the worker is
+    aborting: long work should check it (or wait on it) and raise Cancelled.
+    """
+
+    def __init__(self, worker: "Worker", claim: "_Claim", cancelled: threading.Event, events: List[Event]):
+        self.worker = worker
+        self.name = worker.name
+        self.queue = worker.queue
+        self.token = self.fence = claim.token
+        self.events = events
+        self.lost = claim.lost
+        self.cancelled = cancelled
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the worker was asked to stop (it finishes this claim first)."""
+        return self.worker.stopping
+
+    def check(self) -> None:
+        """Raises Cancelled when the work should stop."""
+        if self.cancelled.is_set():
+            raise Cancelled()
+
+    def sleep(self, secs: Seconds) -> None:
+        """Sleeps, or raises Cancelled as soon as the work should stop."""
+        if self.cancelled.wait(seconds(secs)):
+            raise Cancelled()
+
+
+class _Claim:
+    """The events of one claim that this worker still holds."""
+
+    def __init__(self, token: int, ids: List[int]):
+        self.token = token
+        self.held = list(ids)      # not yet completed, failed or handed back
+        self.lost = threading.Event()
+
+
+class _Slot:
+    """One of the worker's `concurrency` threads, with its connection. The
+    heartbeat must read the claim's held events and extend them as one step,
+    so that a complete in between does not look like a lost claim: `lock`."""
+
+    def __init__(self, worker: "Worker", index: int):
+        self.worker, self.index = worker, index
+        self.conn: Optional[psycopg.Connection] = None
+        self.lock = threading.Lock()
+        self.inbox: "queue_module.SimpleQueue[Optional[List[Event]]]" = queue_module.SimpleQueue()
+        self.cancel: Optional[threading.Event] = None    # the current claim's
+        self.thread = threading.Thread(target=self.run, name=f"pg_throttle-worker-{index}", daemon=True)
+
+    def call(self, statement: str, params=None):
+        """Runs a statement that returns one value (the caller holds the lock)."""
+        return self.conn.execute(statement, params).fetchone()[0]
+
+    def run(self) -> None:
+        while True:
+            events = self.inbox.get()
+            if events is None:
+                return
+            try:
+                self.worker._work_on(self, events)
+            except BaseException as e:  # noqa: BLE001 - ends the worker, as run() says
+                self.worker._failed(e)
+            finally:
+                self.worker._slot_free(self)
+
+
+class _Heartbeat(threading.Thread):
+    """Extends a claim every lease/3 until stopped; marks it lost (and asks
+    the work to stop) when extend renews fewer events than it was given."""
+
+    def __init__(self, slot: _Slot, claim: _Claim, cancel: threading.Event):
+        super().__init__(daemon=True, name=f"pg_throttle-heartbeat-{slot.index}")
+        self.slot, self.claim, self.cancel = slot, claim, cancel
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        worker = self.slot.worker
+        every = worker.lease.total_seconds() / 3
+        while not self.stopped.wait(every):
+            with self.slot.lock:
+                if self.stopped.is_set() or not self.claim.held:
+                    return
+                try:
+                    renewed = self.slot.call("SELECT throttle.extend(%s, %s, %s)",
+                                             (self.claim.held, self.claim.token, worker.lease))
+                except psycopg.Error as e:
+                    # Cannot tell whether the lease holds: better stop than
+                    # work on events another worker may have by now.
+                    log.error("extend failed: %s", e)
+                    renewed = -1
+                if renewed < len(self.claim.held):
+                    log.warning("claim %s lost (extend renewed %s of %s events): stopping its work",
+                                self.claim.token, renewed, len(self.claim.held))
+                    self.claim.lost.set()
+                    self.cancel.set()
+                    return
+
+
+class Worker:
+    """Works on the events of one queue; see the module's documentation.
+
+    queue: the queue's name. handler(event, context) works on one event (a
+    dict of throttle.event's columns): it returns on success (the event is
+    completed) and raises on failure (the event is failed with the error's
+    text, to be retried after retry_in or the queue's backoff; RetryLater
+    gives a delay of its own). With batch=True it is handler(events,
+    context), called once per claim with the events the claim holds.
+
+    conninfo: a libpq connection string ("" for the libpq environment) or a
+    callable returning a new psycopg.Connection; the worker opens
+    concurrency + 1 connections. groups: claim whole groups with claim_group.
+    concurrency: claims worked on at once, each in its own thread. max:
+    events per claim (default 10 for claim, every due event of the group for
+    claim_group). lease: seconds (or a timedelta) a claim holds without
+    extend. poll: seconds between claims when no NOTIFY comes. retry_in:
+    seconds before a failed event is retried (None: the queue's backoff).
+    name: the worker's name in claimed_by and completed_by (default
+    host:pid). listen: LISTEN on the queue's channel (off behind a pooler in
+    transaction mode: poll only). install_signal_handlers: run() handles
+    SIGTERM and SIGINT (run() must then be called in the main thread): the
+    first finishes the claims held (or hands them back, with
+    on_term="handback"), the second hands them back. on_ready(worker): called
+    by run() once it listens and is about to claim.
+    """
+
+    HANDED_BACK = "worker stopping: handed back"
+
+    def __init__(self, queue: str, handler: Callable[..., Any], *, conninfo: Connect = "",
+                 groups: bool = False, concurrency: int = 1, max: Optional[int] = None,  # noqa: A002
+                 lease: Seconds = 30, poll: Seconds = 60, retry_in: Optional[Seconds] = None,
+                 name: Optional[str] = None, batch: bool = False, listen: bool = True,
+                 install_signal_handlers: bool = False, on_term: str = "finish",
+                 on_ready: Optional[Callable[["Worker"], Any]] = None):
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if max is not None and max < 1:
+            raise ValueError("max must be at least 1 (or None)")
+        if on_term not in ("finish", "handback"):
+            raise ValueError("on_term must be 'finish' or 'handback'")
+        self.queue, self.handler, self.conninfo = queue, handler, conninfo
+        self.groups, self.concurrency, self.max, self.batch = groups, concurrency, max, batch
+        self.lease = interval(lease)
+        if self.lease <= datetime.timedelta(0):
+            raise ValueError("lease must be positive")
+        self.poll = seconds(poll)
+        self.retry_in = None if retry_in is None else interval(retry_in)
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.listen = listen
+        self.install_signal_handlers, self.on_term, self.on_ready = install_signal_handlers, on_term, on_ready
+        #: Set once run() listens and claims.
+        self.ready = threading.Event()
+        #: The exception that ended a run() started with start(), else None.
+        self.error: Optional[BaseException] = None
+        self._stopping = threading.Event()       # claim no more
+        self._hard_stop = threading.Event()      # hand back what is held, now
+        self._hinted = False                     # a NOTIFY came in during a statement
+        self._mutex = threading.Lock()
+        self._idle: List[_Slot] = []
+        self._slots: List[_Slot] = []
+        self._fatal: Optional[BaseException] = None
+        self._thread: Optional[threading.Thread] = None
+        self._ran = False
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+
+    # --- control ---------------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def stop(self, abort: bool = False, wait: bool = True) -> None:
+        """Claim no more; with abort, also cancel the work and hand back
+        what is held. With wait (and a worker started by start(), stopped
+        from another thread), returns once it has stopped. Safe to call from
+        a signal handler with wait=False."""
+        if abort:
+            self._hard_stop.set()
+            for slot in self._slots:
+                cancel = slot.cancel
+                if cancel is not None:
+                    cancel.set()
+        self._stopping.set()
+        self._wake()
+        thread, current = self._thread, threading.current_thread()
+        # Not from the worker's own threads (a handler): they are what it waits for.
+        if wait and thread is not None and thread is not current and all(s.thread is not current
+                                                                         for s in self._slots):
+            thread.join()
+
+    def start(self) -> "Worker":
+        """Runs run() in a thread (without signal handlers); returns once the
+        worker listens, or raises what ended it before."""
+        if self.install_signal_handlers:
+            raise ValueError("install_signal_handlers needs run() in the main thread, not start()")
+
+        def target():
+            try:
+                self.run()
+            except BaseException as e:  # noqa: BLE001 - kept for start() and the caller
+                self.error = e
+
+        self._thread = threading.Thread(target=target, name=f"pg_throttle-worker:{self.queue}", daemon=True)
+        self._thread.start()
+        while not self.ready.wait(0.05):
+            if not self._thread.is_alive():
+                self._thread.join()
+                if self.error is not None:
+                    raise self.error
+                break
+        return self
+
+    def join(self, timeout: Optional[float] = None) -> bool:
+        """Waits for a worker started by start() to end; whether it has."""
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:             # full (it will wake anyway) or closed
+            pass
+
+    def _on_signal(self, _signum, _frame) -> None:
+        self.stop(abort=self.stopping or self.on_term == "handback", wait=False)
+
+    # --- the main loop ---------------------------------------------------
+
+    def run(self) -> None:
+        """Claims and works until stop(); raises what ended it otherwise
+        (VersionError, a lost connection, an error from a slot)."""
+        if self._ran:
+            raise RuntimeError("a Worker runs once: make a new one")
+        self._ran = True
+        previous = {}
+        if self.install_signal_handlers:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                previous[signum] = signal.signal(signum, self._on_signal)
+        conn = None
+        try:
+            conn = connect(self.conninfo)
+            conn.add_notify_handler(self._on_notify)
+            for index in range(self.concurrency):
+                slot = _Slot(self, index)
+                slot.conn = connect(self.conninfo)
+                self._slots.append(slot)
+                self._idle.append(slot)
+                slot.thread.start()
+            if self.listen:
+                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.queue)))
+            self.ready.set()
+            if self.on_ready is not None:
+                self.on_ready(self)
+            self._loop(conn)
+        finally:
+            self._stopping.set()
+            for slot in self._slots:
+                slot.inbox.put(None)
+            for slot in self._slots:
+                if slot.thread.is_alive():
+                    slot.thread.join()
+                if slot.conn is not None:
+                    slot.conn.close()
+            if conn is not None:
+                conn.close()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            self._wake_r.close()
+            self._wake_w.close()
+        if self._fatal is not None:
+            raise self._fatal
+
+    def _on_notify(self, _notify) -> None:
+        self._hinted = True
+
+    def _loop(self, conn: psycopg.Connection) -> None:
+        while not self._stopping.is_set():
+            with self._mutex:
+                slot = self._idle.pop() if self._idle else None
+            if slot is None:                # every slot busy: until one is free
+                self._wait(None, None)
+                continue
+            try:
+                events = self._claim(conn)
+            except BaseException:
+                with self._mutex:
+                    self._idle.append(slot)
+                raise
+            if events:
+                slot.inbox.put(events)
+                continue
+            with self._mutex:
+                self._idle.append(slot)
+            if self._hinted:                # a NOTIFY arrived while claiming: look again
+                self._hinted = False
+                continue
+            # Sleep until a NOTIFY arrives (the next claim reads it), stop()
+            # or a signal, or the poll interval passes.
+            self._wait(conn, self.poll)
+
+    def _wait(self, conn: Optional[psycopg.Connection], timeout: Optional[float]) -> None:
+        if self._stopping.is_set():
+            return
+        fds = [self._wake_r] + ([conn.fileno()] if conn is not None else [])
+        ready, _, _ = select.select(fds, [], [], timeout)
+        if self._wake_r in ready:
+            try:
+                while self._wake_r.recv(64):
+                    pass
+            except (BlockingIOError, OSError):
+                pass
+
+    def _slot_free(self, slot: _Slot) -> None:
+        with self._mutex:
+            self._idle.append(slot)
+        self._wake()
+
+    def _failed(self, error: BaseException) -> None:
+        log.error("worker %s: %s: %s", self.name, type(error).__name__, error)
+        if self._fatal is None:
+            self._fatal = error
+        self.stop(wait=False)
+
+    def _claim(self, conn: psycopg.Connection) -> List[Event]:
+        function = "claim_group" if self.groups else "claim"
+        limit = self.max
+        if limit is None and not self.groups:
+            limit = 10          # claim takes one event by default: take a few per round trip
+        with conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(f"SELECT * FROM throttle.{function}(%s, %s, %s, %s)",
+                        (self.queue, self.name, self.lease, limit))
+            return cur.fetchall()
+
+    # --- one claim -------------------------------------------------------
+
+    def _end(self, slot: _Slot, claim: _Claim, ids: List[int], function: str, *extra) -> int:
+        """Runs throttle.complete or throttle.fail (with `extra`: the error and
+        retry_in) for events of the claim, unless the claim was lost; how many
+        it ended (-1: lost before)."""
+        placeholders = ", ".join(["%s"] * (2 + len(extra)))
+        with slot.lock:
+            if claim.lost.is_set():
+                return -1
+            ended = slot.call(f"SELECT throttle.{function}({placeholders})", (ids, claim.token, *extra))
+            for event_id in ids:
+                claim.held.remove(event_id)
+        return ended
+
+    def _end_one(self, slot: _Slot, claim: _Claim, event_id: int, function: str, *extra) -> None:
+        ended = self._end(slot, claim, [event_id], function, *extra)
+        if ended == 0:               # fenced: the lease ran out or the group was released
+            claim.lost.set()
+            log.warning("event %s: %s changed nothing, the claim was lost", event_id, function)
+
+    def _still_held(self, slot: _Slot, claim: _Claim) -> bool:
+        """After a failure in a group claim: whether the claim still holds its
+        later events. In a group in strict order, fail sends the claim's later
+        events back to pending, to run after the failed one's retry: handling
+        them now would run them out of order (and complete would refuse them).
+        extend renews only the events the claim still holds, so it tells."""
+        with slot.lock:
+            if claim.lost.is_set():
+                return False
+            if not claim.held:
+                return True
+            try:
+                renewed = slot.call("SELECT throttle.extend(%s, %s, %s)", (claim.held, claim.token, self.lease))
+            except psycopg.Error as e:
+                # As in the heartbeat: the lease cannot be known to hold.
+                log.error("extend failed: %s", e)
+                renewed = -1
+            if renewed < len(claim.held):
+                claim.lost.set()
+                log.info("claim %s: after a failure extend renewed %s of its %s later events: they are no "
+                         "longer held (strict order hands them back after a failure, or the lease ended); "
+                         "leaving them", claim.token, renewed, len(claim.held))
+                return False
+        return True
+
+    def _hand_back(self, slot: _Slot, claim: _Claim) -> None:
+        """Gives back every event the claim still holds, due again at once
+        (retry_in 0) for another worker; the claim is over afterwards."""
+        if claim.lost.is_set() or not claim.held:
+            return
+        zero = datetime.timedelta(0)
+        # The first event on its own: in a group in strict order its fail
+        # sends the later ones back to pending without counting an attempt.
+        self._end_one(slot, claim, claim.held[0], "fail", self.HANDED_BACK, zero)
+        rest = list(claim.held)
+        if claim.lost.is_set() or not rest:
+            return
+        ended = self._end(slot, claim, rest, "fail", self.HANDED_BACK, zero)
+        if 0 <= ended < len(rest):
+            log.info("claim %s: %s of its %s later events were no longer held (in a group in strict order "
+                     "the first one's fail sent them back to pending; else the lease ended)",
+                     claim.token, len(rest) - ended, len(rest))
+
+    def _fail_args(self, error: Exception):
+        retry_in = error.retry_in if isinstance(error, RetryLater) else self.retry_in
+        return f"{type(error).__name__}: {error}", retry_in
+
+    def _work_on(self, slot: _Slot, events: List[Event]) -> None:
+        claim = _Claim(events[0]["claim_token"], [e["id"] for e in events])
+        # One cancel flag per claim: set by the heartbeat (claim lost) or by
+        # stop(abort=True), read by the work. Published before hard_stop is
+        # read, so that an abort in between is not missed.
+        cancel = slot.cancel = threading.Event()
+        if self._hard_stop.is_set():
+            cancel.set()
+        context = Context(self, claim, cancel, events)
+        heartbeat = _Heartbeat(slot, claim, cancel)
+        heartbeat.start()
+        try:
+            if self.batch:
+                self._work_on_batch(slot, claim, cancel, events, context)
+                return
+            for event in events:
+                if claim.lost.is_set():
+                    break           # another worker may have them: never complete
+                if cancel.is_set():
+                    self._hand_back(slot, claim)        # does nothing if the claim was lost
+                    break
+                try:
+                    self.handler(event, context)
+                except Cancelled:
+                    self._hand_back(slot, claim)
+                    break
+                except Exception as e:  # noqa: BLE001 - any error of the work fails the event
+                    log.info("event %s failed: %s", event["id"], e)
+                    self._end_one(slot, claim, event["id"], "fail", *self._fail_args(e))
+                    if event["group_key"] is not None and not self._still_held(slot, claim):
+                        break       # the rest is another claim's now: never handle it here
+                else:
+                    # Not if the claim was lost meanwhile: the event may be
+                    # running elsewhere already.
+                    self._end_one(slot, claim, event["id"], "complete")
+        finally:
+            heartbeat.stopped.set()
+            heartbeat.join()
+            slot.cancel = None
+
+    def _work_on_batch(self, slot: _Slot, claim: _Claim, cancel: threading.Event, events: List[Event],
+                       context: Context) -> None:
+        if cancel.is_set():
+            self._hand_back(slot, claim)
+            return
+        try:
+            self.handler(events, context)
+        except Cancelled:
+            self._hand_back(slot, claim)
+            return
+        except Exception as e:  # noqa: BLE001 - any error of the work fails the claim's events
+            log.info("claim %s (%s events) failed: %s", claim.token, len(events), e)
+            ids = list(claim.held)
+            ended = self._end(slot, claim, ids, "fail", *self._fail_args(e))
+            if 0 <= ended < len(ids):
+                log.info("claim %s: fail ended %s of its %s events (in a group in strict order the first "
+                         "one's fail sends the later ones back to pending; else the lease ended)",
+                         claim.token, ended, len(ids))
+            return
+        ids = list(claim.held)
+        ended = self._end(slot, claim, ids, "complete")
+        if 0 <= ended < len(ids):
+            claim.lost.set()
+            log.warning("claim %s: complete ended %s of its %s events, the claim was lost",
+                        claim.token, ended, len(ids))
