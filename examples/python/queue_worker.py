@@ -97,7 +97,7 @@ def main():
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
     worker = pg_throttle.Worker(
         args.queue, lambda event, context: handle(event, context, args), conninfo=args.dsn,
-        groups=args.groups, concurrency=args.concurrency, max=args.max, lease=args.lease, poll=args.poll,
+        groups=args.groups, concurrency=args.concurrency, max=args.max if args.max is not None or args.groups else 10, lease=args.lease, poll=args.poll,
         retry_in=args.retry_in, name=args.name, install_signal_handlers=True, on_term=args.on_term,
         on_ready=lambda w: print(f"{w.name}: listening on {w.queue}", flush=True))
     worker.run()

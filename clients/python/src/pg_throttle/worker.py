@@ -193,8 +193,8 @@ class Worker:
     callable returning a new psycopg.Connection; the worker opens
     concurrency + 1 connections. groups: claim whole groups with claim_group.
     concurrency: claims worked on at once, each in its own thread. max:
-    events per claim (default 10 for claim, every due event of the group for
-    claim_group). lease: seconds (or a timedelta) a claim holds without
+    events per claim (default 1 for claim, as throttle.claim's own default;
+    every due event of the group for claim_group). lease: seconds (or a timedelta) a claim holds without
     extend. poll: seconds between claims when no NOTIFY comes. retry_in:
     seconds before a failed event is retried (None: the queue's backoff).
     name: the worker's name in claimed_by and completed_by (default
@@ -411,7 +411,7 @@ class Worker:
         function = "claim_group" if self.groups else "claim"
         limit = self.max
         if limit is None and not self.groups:
-            limit = 10          # claim takes one event by default: take a few per round trip
+            limit = 1           # throttle.claim's default, and the Node client's
         with conn.cursor(row_factory=dict_row) as cur:
             cur.execute(f"SELECT * FROM throttle.{function}(%s, %s, %s, %s)",
                         (self.queue, self.name, self.lease, limit))
