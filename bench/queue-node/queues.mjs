@@ -10,7 +10,10 @@
 //                         claim, as graphile-worker's job queues and pg-boss's groups)
 //   enqueue               JOBS jobs from one connection, one call each and in batches
 //
-// Contenders: throttle.claim / claim_group / schedule (and claim with the
+// Contenders: throttle.claim / claim_group / schedule called directly, and through the
+// Worker of the pg-throttle client package (clients/node: WORKERS workers of concurrency 1,
+// and one of concurrency WORKERS, which shares one session; each with its LISTEN session
+// and heartbeat, as applications run it) (and claim with the
 // last claim's complete in its transaction: one flush per job); the FOR UPDATE SKIP
 // LOCKED recipe (transaction open while the job runs); the advisory-lock
 // cursor recipe for groups (the same); graphile-worker (job queues for
@@ -23,6 +26,7 @@
 //   BENCH_QUEUE_ONLY: a regular expression; only the workloads it matches run.
 import { makeWorkerUtils, run as graphileRun, runMigrations } from "graphile-worker";
 import { PgBoss } from "pg-boss";
+import pgThrottle from "pg-throttle";
 import { chunks, connect, connection, fmt, median, silent, url } from "./common.mjs";
 
 const [JOBS, GROUPS, WORKERS, ROUNDS] = [20000, 2000, 8, 2].map((d, i) =>
@@ -205,6 +209,25 @@ const drain = {
         await c.query("SELECT throttle.complete($1::bigint[], $2)", [rows.map((r) => r.id), rows[0].claim_token]);
       }
     }),
+  // The client package's Worker: `count` workers of `concurrency` each, handlers that do
+  // nothing; seconds until the last job's complete.
+  client: async (queue, { count, concurrency, max = 1, groups = false }) => {
+    const done = counter(JOBS);
+    const workers = Array.from({ length: count }, (_, i) => {
+      const w = new pgThrottle.Worker({
+        queue, groups, concurrency, max: groups ? null : max, lease: 60, connection,
+        workerName: `cw${i}`, batch: groups || max > 1, handler: async () => {},
+      });
+      w.on("completed", () => done.add(1));
+      return w;
+    });
+    const started = performance.now();
+    await Promise.all(workers.map((w) => w.start()));
+    await done.finished;
+    const seconds = (performance.now() - started) / 1000;
+    await Promise.all(workers.map((w) => w.stop()));
+    return seconds;
+  },
   recipe: (batch) =>
     onWorkers(async (c) => {
       for (;;) {
@@ -344,15 +367,19 @@ async function clearEnqueued() {
 // ---- the runs ---------------------------------------------------------------
 const runs = [
   ["drain, 1 per claim", "throttle.claim + throttle.complete", () => fill.throttle("nq.one", false), () => drain.throttle("nq.one", 1)],
+  ["drain, 1 per claim", `pg-throttle Worker (clients/node), ${WORKERS} workers`, () => fill.throttle("nq.one", false), () => drain.client("nq.one", { count: WORKERS, concurrency: 1 })],
+  ["drain, 1 per claim", `pg-throttle Worker (clients/node), one of concurrency ${WORKERS}`, () => fill.throttle("nq.one", false), () => drain.client("nq.one", { count: 1, concurrency: WORKERS })],
   ["drain, 1 per claim", "throttle.complete of the last claim + throttle.claim, one transaction", () => fill.throttle("nq.one", false), () => drain.throttlePipelined("nq.one", 1)],
   ["drain, 1 per claim", "FOR UPDATE SKIP LOCKED recipe (transaction open while working)", fill.recipe, () => drain.recipe(1)],
   ["drain, 1 per claim", "graphile-worker 0.18", () => fill.graphile(false), () => drain.graphile(0)],
   ["drain, 1 per claim", "pg-boss 12", () => fill.boss("nq1", false), () => drain.boss("nq1", { batchSize: 1 })],
   ["drain, 10 per claim", "throttle.claim(max => 10) + throttle.complete", () => fill.throttle("nq.ten", false), () => drain.throttle("nq.ten", 10)],
+  ["drain, 10 per claim", `pg-throttle Worker (clients/node), ${WORKERS} workers, max 10, batch`, () => fill.throttle("nq.ten", false), () => drain.client("nq.ten", { count: WORKERS, concurrency: 1, max: 10 })],
   ["drain, 10 per claim", "FOR UPDATE SKIP LOCKED recipe, LIMIT 10", fill.recipe, () => drain.recipe(10)],
   ["drain, 10 per claim", "graphile-worker 0.18, local queue of 10", () => fill.graphile(false), () => drain.graphile(10)],
   ["drain, 10 per claim", "pg-boss 12, batchSize 10", () => fill.boss("nq10", false), () => drain.boss("nq10", { batchSize: 10, burstWhenBatchFull: true })],
   ["groups, one worker per group", "throttle.claim_group + throttle.complete", () => fill.throttle("nq.groups", true), () => drain.throttleGroups("nq.groups")],
+  ["groups, one worker per group", `pg-throttle Worker (clients/node), ${WORKERS} workers, claim_group, batch`, () => fill.throttle("nq.groups", true), () => drain.client("nq.groups", { count: WORKERS, concurrency: 1, groups: true })],
   ["groups, one worker per group", "throttle.claim + throttle.complete, a concurrency_key per group (max_claimed 1)", () => fill.throttle("nq.keyed", false, true), () => drain.throttle("nq.keyed", 1)],
   ["groups, one worker per group", "advisory-lock cursor recipe (transaction open while working)", fill.groupRecipe, drain.groupRecipe],
   ["groups, one worker per group", "graphile-worker 0.18, a job queue per group", () => fill.graphile(true), () => drain.graphile(0)],
