@@ -82,7 +82,7 @@ main)
     run_suite pgbouncer prove prove --verbose test/integration/pgbouncer.py || status=1
     run_suite client-node node node_suite clients/node || status=1
     run_suite client-python pytest env PYTHONPATH="$ROOT/clients/python/src" \
-        python3 -m pytest -q -p no:cacheprovider clients/python/tests || status=1
+        /usr/bin/python3 -m pytest -q -p no:cacheprovider clients/python/tests || status=1
     run_suite dashboard node node_suite clients/dashboard || status=1
     run_suite examples-python prove prove --verbose test/integration/examples_python.py ||
         status=1
