@@ -157,7 +157,7 @@ async function registry(client, ctx) {
   await client.query('SAVEPOINT registry_status');
   try {
     const { rows } = await client.query(
-      'SELECT kind, count(*) AS entries, sum(waiters) AS waiters FROM throttle.status GROUP BY kind ORDER BY kind');
+      'SELECT kind, count(*) AS entries, coalesce(sum(waiters), 0) AS waiters FROM throttle.status GROUP BY kind ORDER BY kind');
     out.database = { rows: rows.map((r) => ({ kind: r.kind, entries: num(r.entries), waiters: num(r.waiters) })) };
     await client.query('RELEASE SAVEPOINT registry_status');
   } catch (e) {

@@ -113,7 +113,8 @@ function parseJson(text) {
 }
 
 // The options: connectionString (a postgres:// URL; none: the libpq
-// environment, PGHOST, PGPORT, PGUSER, PGDATABASE, PGPASSWORD), host (default
+// environment, PGHOST, PGPORT, PGUSER, PGDATABASE, PGPASSWORD; connection:
+// more node-postgres settings, e.g. {database}), host (default
 // 127.0.0.1), port (default 8089; 0: any free port), allowHosts (more names
 // the Host header may carry, e.g. behind a proxy), supported (the extension
 // versions accepted), log (a function given one line per action).
@@ -125,6 +126,7 @@ async function createDashboard(options = {}) {
   // Checks the allowed hosts before anything starts (throws on a bad one).
   new Guard({ host, port: port || 1, allowHosts: options.allowHosts || [] }); // eslint-disable-line no-new
   const pool = new pg.Pool({
+    ...(options.connection || {}),
     connectionString: options.connectionString || undefined,
     max: options.poolSize || 4,
     application_name: 'pg-throttle-dashboard',
