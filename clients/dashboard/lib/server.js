@@ -117,7 +117,8 @@ function parseJson(text) {
 // more node-postgres settings, e.g. {database}), host (default
 // 127.0.0.1), port (default 8089; 0: any free port), allowHosts (more names
 // the Host header may carry, e.g. behind a proxy), supported (the extension
-// versions accepted), log (a function given one line per action).
+// versions accepted), log (a function given one line per action, and per
+// action refused as cross-site).
 async function createDashboard(options = {}) {
   const host = options.host === undefined ? '127.0.0.1' : options.host;
   const port = options.port === undefined ? 8089 : options.port;
@@ -217,7 +218,10 @@ async function createDashboard(options = {}) {
 
   async function action(req, res, name) {
     const refusal = guard.actionRefusal(req);
-    if (refusal) throw new HttpError(403, refusal);
+    if (refusal) {
+      log(`403 ${name} refused: ${refusal}`);
+      throw new HttpError(403, refusal);
+    }
     const type = String(req.headers['content-type'] || '');
     if (!/^application\/json\s*(;|$)/i.test(type)) throw new HttpError(415, 'the body must be JSON (Content-Type: application/json)');
     const body = parseJson(await readBody(req, BODY_LIMIT));

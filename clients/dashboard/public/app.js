@@ -318,7 +318,7 @@
     else {
       parts.push(table([
         { key: 'scope', label: 'scope' },
-        { key: 'name', label: 'name' },
+        { key: 'name', label: 'name', value: (r) => (r.name === null ? `(a dropped ${r.scope})` : r.name) },
         { key: 'entries', label: 'entries', num: true },
         { key: 'quota', label: 'quota', num: true, value: (r) => (r.quota === null ? 'none' : r.quota) },
         { key: 'percent_of_quota', label: 'of its quota', value: (r) => (r.quota === null ? '—' : bar(r.entries, r.quota)) },
