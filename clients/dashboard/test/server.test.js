@@ -359,9 +359,13 @@ test('bad input gets a clear JSON error, and the server goes on', async () => {
     assert.equal(res.status, status, `${action} ${body.slice(0, 60)}: ${res.text}`);
     assert.match(res.json.error, message, `${action} ${body.slice(0, 60)}`);
   }
-  const huge = await post(op, 'retry', JSON.stringify({ id: '1', pad: 'x'.repeat(1 << 20) }));
-  assert.equal(huge.status, 413);
-  assert.match(huge.json.error, /larger than 16384 bytes/);
+  // Sent in chunks (no Content-Length), then with a Content-Length: read up to the limit, or not at all.
+  const body = JSON.stringify({ id: '1', pad: 'x'.repeat(1 << 20) });
+  for (const headers of [actionHeaders(op), actionHeaders(op, { 'Content-Length': Buffer.byteLength(body) })]) {
+    const huge = await post(op, 'retry', body, headers);
+    assert.equal(huge.status, 413);
+    assert.match(huge.json.error, /larger than 16384 bytes/);
+  }
   for (const p of ['/api/nothing', '/api/', '/nothing', '/api/overview/../../etc/passwd']) {
     const res = await request(op, { path: p });
     assert.equal(res.status, 404, p);
@@ -369,4 +373,18 @@ test('bad input gets a clear JSON error, and the server goes on', async () => {
   const put = await request(op, { method: 'PUT', path: '/api/overview' });
   assert.equal(put.status, 405);
   assert.equal((await request(op, { path: '/api/overview' })).status, 200);
+});
+
+test('connections the server ends are replaced: the dashboard answers again', async () => {
+  assert.equal((await request(ro, { path: '/api/queues' })).status, 200);
+  const ended = await one(setup.db,
+    `SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity
+      WHERE datname = current_database() AND application_name = 'pg-throttle-dashboard' AND usename = $1`, [setup.roles.ro]);
+  assert.ok(ended.n >= 1);
+  await new Promise((r) => setTimeout(r, 100));
+  // A request may meet a connection ended under it (503, JSON); the next one reconnects.
+  const first = await request(ro, { path: '/api/overview' });
+  assert.ok([200, 503].includes(first.status), first.text);
+  assert.ok(first.json);
+  assert.equal((await request(ro, { path: '/api/overview' })).status, 200);
 });
