@@ -72,6 +72,15 @@ test('the command refuses a database without pg_throttle: a clear message and ex
   assert.match(missing.stderr(), /pg_throttle is not installed in database "pgt_dash_/);
 });
 
+test('the command refuses bad arguments with exit status 2', async () => {
+  for (const args of [['--port', 'abc'], ['--port', '70000'], ['--bogus'], ['--allow-host', 'a b']]) {
+    const run = await runBin(args);
+    assert.equal(run.line, null, args.join(' '));
+    assert.equal(run.code, 2, args.join(' '));
+    assert.match(run.stderr(), /^pg-throttle-dashboard: /);
+  }
+});
+
 test('a version the dashboard does not support is refused with a VersionError', async () => {
   await assert.rejects(createDashboard({ connection: { database: setup.database }, port: 0, supported: ['9.9.9'] }),
     (e) => e instanceof VersionError && e.code === 'PG_THROTTLE_VERSION' && /pg_throttle 0\.4\.0 is installed.*supports 9\.9\.9/.test(e.message));
