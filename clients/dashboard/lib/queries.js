@@ -27,21 +27,27 @@ const EVENT_COLUMNS = ['id', 'queue', 'item_key', 'group_key', 'state', 'run_at'
   'max_attempts', 'priority', 'claimed_at', 'claimed_by', 'claimed_role', 'lease_until'];
 
 async function permissions(client) {
-  const actionSql = Object.entries(ACTIONS)
-    .map(([name, fn]) => `has_function_privilege('${fn}', 'EXECUTE') AS ${name}`).join(', ');
-  const columnsSql = EVENT_COLUMNS
-    .map((c) => `has_column_privilege('throttle.event', '${c}', 'SELECT')`).join(' AND ');
-  const { rows } = await client.query(
+  const who = (await client.query(
     `SELECT current_user AS role, session_user AS session_role, current_database() AS database,
             (SELECT extversion FROM pg_extension WHERE extname = 'pg_throttle') AS extversion,
-            has_schema_privilege('throttle', 'USAGE') AS usage, ${actionSql},
-            (${columnsSql}) AS event_table`);
-  const r = rows[0];
-  const actions = {};
-  for (const name of Object.keys(ACTIONS)) actions[name] = Boolean(r.usage && r[name]);
+            has_schema_privilege('throttle', 'USAGE') AS usage`)).rows[0];
+  const actions = Object.fromEntries(Object.keys(ACTIONS).map((name) => [name, false]));
+  let eventTable = false;
+  // Without USAGE on the schema, naming its functions or tables is refused
+  // (42501): such a role may take no action and read nothing.
+  if (who.usage) {
+    const actionSql = Object.entries(ACTIONS)
+      .map(([name, fn]) => `has_function_privilege('${fn}', 'EXECUTE') AS ${name}`).join(', ');
+    const columnsSql = EVENT_COLUMNS
+      .map((c) => `has_column_privilege('throttle.event', '${c}', 'SELECT')`).join(' AND ');
+    const r = (await client.query(`SELECT ${actionSql}, (${columnsSql}) AS event_table`)).rows[0];
+    for (const name of Object.keys(ACTIONS)) actions[name] = Boolean(r[name]);
+    eventTable = r.event_table;
+  }
   return {
-    role: r.role, session_role: r.session_role, database: r.database, extversion: r.extversion,
-    schema_usage: r.usage, actions, functions: ACTIONS, event_source: r.event_table ? 'throttle.event' : 'throttle.all_events',
+    role: who.role, session_role: who.session_role, database: who.database, extversion: who.extversion,
+    schema_usage: who.usage, actions, functions: ACTIONS,
+    event_source: eventTable ? 'throttle.event' : 'throttle.all_events',
   };
 }
 

@@ -176,7 +176,12 @@ async function createDashboard(options = {}) {
       throw new HttpError(403, `Host ${JSON.stringify(String(req.headers.host || '').slice(0, 200))} refused: ` +
         `open the dashboard at ${url} (a Host naming another server is how DNS rebinding reaches 127.0.0.1)`);
     }
-    const pathname = new URL(req.url, 'http://localhost').pathname;
+    let pathname;
+    try {
+      pathname = new URL(req.url, 'http://localhost').pathname;
+    } catch {
+      throw new HttpError(400, 'the request\'s path is not a URL path');
+    }
     if (pathname.startsWith('/api/actions/')) {
       if (req.method !== 'POST') {
         sendJson(res, 405, { ok: false, error: 'actions are POST requests' }, { Allow: 'POST' });

@@ -5,6 +5,7 @@
 const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const { spawn } = require('node:child_process');
+const net = require('node:net');
 const path = require('node:path');
 const readline = require('node:readline');
 
@@ -233,6 +234,25 @@ test('permissions: the read-only role may take no action, the operator and the s
   }
 });
 
+test('a role granted nothing: every section says 42501, no action, and the server goes on', async () => {
+  const none = await start(setup, setup.roles.none);
+  try {
+    const api = await overview(none);
+    assert.equal(api.permissions.schema_usage, false);
+    assert.deepEqual(api.permissions.actions, { retry: false, cancel: false, pause: false, resume: false });
+    for (const section of ['queues', 'pauses', 'groups', 'dead', 'pending', 'recurring', 'locks']) {
+      assert.equal(api[section].error.code, '42501', section);
+    }
+    assert.equal(api.registry.metrics.error.code, '42501');
+    assert.equal((await request(none, { path: '/api/queues' })).status, 403);
+    const res = await post(none, 'pause', { queue: 'mail' });
+    assert.equal(res.status, 403);
+    assert.match(res.json.error, /permission denied for schema throttle/);
+  } finally {
+    await none.close();
+  }
+});
+
 test('the read-only role: every action is refused by the database (403, 42501), nothing changes', async () => {
   for (const [action, body] of [
     ['retry', { id: dead['hook:3'] }],
@@ -378,6 +398,17 @@ test('bad input gets a clear JSON error, and the server goes on', async () => {
   for (const p of ['/api/nothing', '/api/', '/nothing', '/api/overview/../../etc/passwd']) {
     const res = await request(op, { path: p });
     assert.equal(res.status, 404, p);
+  }
+  // A request line whose target is no URL path, and one HTTP cannot parse.
+  for (const [line, status] of [['GET http://[ HTTP/1.1', 400], ['GET / HTTP/9', 400]]) {
+    const answer = await new Promise((resolve, reject) => {
+      const socket = net.connect(op.port, '127.0.0.1', () => socket.end(`${line}\r\nHost: 127.0.0.1:${op.port}\r\n\r\n`));
+      let text = '';
+      socket.on('data', (c) => { text += c; });
+      socket.on('end', () => resolve(text));
+      socket.on('error', reject);
+    });
+    assert.match(answer, new RegExp(`^HTTP/1\\.1 ${status} `), line);
   }
   const put = await request(op, { method: 'PUT', path: '/api/overview' });
   assert.equal(put.status, 405);

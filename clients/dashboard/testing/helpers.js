@@ -44,12 +44,14 @@ async function client(database) {
 
 // Makes the database (pg_throttle in it, nothing revoked yet) and the roles:
 // ro (docs/security.md's monitoring role), op (docs/dashboard.md's
-// dashboard_operator) and app (the recipe's app_rw). `setup.grant()` runs the
+// dashboard_operator), app (the recipe's app_rw) and none (granted nothing). `setup.grant()` runs the
 // recipe and the dashboard's grants; `setup.drop()` drops it all.
 async function createSetup({ extension = true } = {}) {
   const suffix = `${process.pid}_${crypto.randomBytes(4).toString('hex')}`;
   const database = `pgt_dash_${suffix}`;
-  const roles = { ro: `pgt_dash_ro_${suffix}`, op: `pgt_dash_op_${suffix}`, app: `pgt_dash_app_${suffix}` };
+  const roles = {
+    ro: `pgt_dash_ro_${suffix}`, op: `pgt_dash_op_${suffix}`, app: `pgt_dash_app_${suffix}`, none: `pgt_dash_no_${suffix}`,
+  };
   const password = crypto.randomBytes(12).toString('hex');
   const admin = await client();
   await admin.query(`CREATE DATABASE ${database}`);
@@ -82,7 +84,7 @@ async function createSetup({ extension = true } = {}) {
         await this.db.end().catch(() => {});
       }
       await admin.query(`DROP DATABASE IF EXISTS ${database} WITH (FORCE)`);
-      for (const role of [roles.op, roles.ro, roles.app]) await admin.query(`DROP ROLE IF EXISTS ${role}`);
+      for (const role of [roles.op, roles.ro, roles.app, roles.none]) await admin.query(`DROP ROLE IF EXISTS ${role}`);
       await admin.end();
     },
   };
