@@ -28,8 +28,8 @@ function hostPort(host, port) {
 // Splits a Host header into [host, port]; a missing port is 80.
 function parseHost(header) {
   if (typeof header !== 'string' || header.length === 0 || header.length > 300) return null;
-  const m = /^(\[[0-9a-fA-F:.]+\]|[^:[\]]+)(?::([0-9]{1,5}))?$/.exec(header.trim());
-  if (!m) return null;
+  const m = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+)(?::([0-9]{1,5}))?$/.exec(header.trim());
+  if (!m || (m[2] !== undefined && Number(m[2]) > 65535)) return null;
   const host = m[1].startsWith('[') ? m[1].slice(1, -1) : m[1];
   return [host.toLowerCase(), m[2] === undefined ? 80 : Number(m[2])];
 }

@@ -74,11 +74,11 @@ test('the command refuses a database without pg_throttle: a clear message and ex
 });
 
 test('the command refuses bad arguments with exit status 2', async () => {
-  for (const args of [['--port', 'abc'], ['--port', '70000'], ['--bogus'], ['--allow-host', 'a b']]) {
-    const run = await runBin(args);
+  for (const args of [['--port', 'abc'], ['--port', '70000'], ['--bogus'], ['--allow-host', 'a b'], ['--allow-host', 'x:99999']]) {
+    const run = await runBin([...args, '--database', setup.url(setup.roles.ro), ...(args[0] === '--port' ? [] : ['--port', '0'])]);
     assert.equal(run.line, null, args.join(' '));
     assert.equal(run.code, 2, args.join(' '));
-    assert.match(run.stderr(), /^pg-throttle-dashboard: /);
+    assert.match(run.stderr(), /^pg-throttle-dashboard: (--port|Unknown option|allowed host)/);
   }
 });
 
