@@ -11,8 +11,9 @@ const USAGE = `usage: pg-throttle-dashboard [--database URL] [--host HOST] [--po
   --host HOST        the address to listen on (default 127.0.0.1)
   --port PORT        the port (default 8089; 0: any free port). The first line printed is
                      "listening on http://HOST:PORT/"
-  --allow-host NAME  another name (NAME or NAME:PORT) the Host header may carry, e.g. behind a
-                     reverse proxy (repeatable); other names are refused (DNS rebinding)
+  --allow-host NAME  another name the Host header may carry: NAME (any port, e.g. behind a
+                     reverse proxy that passes the Host header on) or NAME:PORT; repeatable.
+                     Other names are refused (DNS rebinding)
 
 The page shows what the database role may read, and a button for each action the role may take.`;
 

@@ -25,42 +25,46 @@ function hostPort(host, port) {
   return `${net.isIPv6(host) ? `[${host}]` : host}:${port}`.toLowerCase();
 }
 
-// Splits a Host header into [host, port]; a missing port is 80.
+// Splits a Host header into [host, port]; port null when it names none.
 function parseHost(header) {
   if (typeof header !== 'string' || header.length === 0 || header.length > 300) return null;
   const m = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+)(?::([0-9]{1,5}))?$/.exec(header.trim());
   if (!m || (m[2] !== undefined && Number(m[2]) > 65535)) return null;
   const host = m[1].startsWith('[') ? m[1].slice(1, -1) : m[1];
-  return [host.toLowerCase(), m[2] === undefined ? 80 : Number(m[2])];
+  return [host.toLowerCase(), m[2] === undefined ? null : Number(m[2])];
 }
 
 class Guard {
   // host: the address listened on; port: the port bound; allowHosts: more
-  // names ("name" or "name:port") the Host header may carry.
+  // names the Host header may carry: "name" with any port or none (behind a
+  // reverse proxy, https://name/), "name:port" with that port only.
   constructor({ host, port, allowHosts = [] }) {
     this.port = port;
     this.token = crypto.randomBytes(32).toString('base64url');
     this.cookieName = `pgtd_csrf_${port}`;
     this.wildcard = isWildcard(host);
     this.allowed = new Set([hostPort(host, port)]);
+    this.anyPort = new Set();
     if (isLoopback(host)) {
       for (const h of ['localhost', '127.0.0.1', '::1']) this.allowed.add(hostPort(h, port));
     }
     for (const h of allowHosts) {
       const parsed = parseHost(h);
       if (!parsed) throw new Error(`allowed host ${JSON.stringify(h)}: not a name, IP or [IPv6], with an optional :port`);
-      const hasPort = /^(\[[^\]]*\]|[^:]*):[0-9]+$/.test(h);
-      this.allowed.add(hostPort(parsed[0], hasPort ? parsed[1] : port));
+      if (parsed[1] === null) this.anyPort.add(parsed[0]);
+      else this.allowed.add(hostPort(parsed[0], parsed[1]));
     }
   }
 
-  // Whether the request's Host header names this server. Bound to every
-  // address (0.0.0.0), any IP literal with the port is accepted too: DNS
-  // rebinding needs a name.
+  // Whether the request's Host header names this server (a Host without a
+  // port is port 80). Bound to every address (0.0.0.0), any IP literal with
+  // the port is accepted too: DNS rebinding needs a name.
   hostAllowed(header) {
     const parsed = parseHost(header);
     if (!parsed) return false;
-    const [host, port] = parsed;
+    const [host, named] = parsed;
+    if (this.anyPort.has(host)) return true;
+    const port = named === null ? 80 : named;
     if (this.allowed.has(hostPort(host, port))) return true;
     return this.wildcard && port === this.port && net.isIP(host) !== 0;
   }
@@ -72,7 +76,9 @@ class Guard {
   // null when an action request may go on, else the reason to refuse it (403).
   actionRefusal(req) {
     const origin = req.headers.origin;
-    if (origin !== undefined && origin !== `http://${req.headers.host}`) {
+    // The page's own origin: its Host (checked already), over http, or over
+    // https behind a reverse proxy that passes the Host on.
+    if (origin !== undefined && origin !== `http://${req.headers.host}` && origin !== `https://${req.headers.host}`) {
       return `cross-site request refused: Origin ${JSON.stringify(String(origin).slice(0, 200))} is not this dashboard`;
     }
     const site = req.headers['sec-fetch-site'];

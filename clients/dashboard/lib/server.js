@@ -201,7 +201,9 @@ async function createDashboard(options = {}) {
       return;
     }
     if (pathname === '/api/overview') {
-      sendJson(res, 200, await read(pool, Object.keys(SECTIONS), state));
+      // The name of the cookie holding the token (not the token): the page
+      // may be behind a proxy on another port.
+      sendJson(res, 200, { csrf_cookie: guard.cookieName, ...(await read(pool, Object.keys(SECTIONS), state)) });
       return;
     }
     if (pathname === '/api/permissions') {

@@ -7,6 +7,7 @@
   const REFRESH_MS = 5000;
   let loading = false;
   let renders = 0;
+  let csrfCookie = null; // the server names it in each overview
 
   // ---- DOM helpers ----
   function el(tag, attrs, ...children) {
@@ -89,7 +90,7 @@
 
   // ---- actions ----
   function csrfToken() {
-    const name = `pgtd_csrf_${window.location.port || '80'}`;
+    const name = csrfCookie || `pgtd_csrf_${window.location.port || '80'}`;
     for (const part of document.cookie.split(';')) {
       const i = part.indexOf('=');
       if (i > 0 && part.slice(0, i).trim() === name) return part.slice(i + 1).trim();
@@ -382,6 +383,7 @@
       const res = await fetch('/api/overview', { credentials: 'same-origin', cache: 'no-store' });
       const data = await res.json().catch(() => ({ error: res.statusText }));
       if (!res.ok) throw new Error(data.error || `HTTP ${res.status}`);
+      csrfCookie = data.csrf_cookie;
       draw(data);
       banner.hidden = true;
       banner.textContent = '';

@@ -219,6 +219,9 @@ test('a role without pg_monitor: the registry\'s server-wide table says 42501, t
 });
 
 test('permissions: the read-only role may take no action, the operator and the superuser every one', async () => {
+  const all = await overview(ro);
+  assert.equal(all.csrf_cookie, `pgtd_csrf_${ro.port}`, 'the cookie\'s name, for the page');
+  assert.equal(JSON.stringify(all).includes(ro.guard.token), false, 'never the token');
   const roPerm = (await request(ro, { path: '/api/permissions' })).json;
   assert.equal(roPerm.role, setup.roles.ro);
   assert.deepEqual(roPerm.actions, { retry: false, cancel: false, pause: false, resume: false });

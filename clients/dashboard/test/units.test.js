@@ -13,10 +13,11 @@ function req(headers) {
 
 test('Host: the bound address, its loopback names, --allow-host names; nothing else', () => {
   const g = new Guard({ host: '127.0.0.1', port: 8089, allowHosts: ['dash.internal', 'proxy.example:443', '[fd00::1]'] });
-  for (const h of ['127.0.0.1:8089', 'localhost:8089', 'LocalHost:8089', '[::1]:8089', 'dash.internal:8089', 'proxy.example:443', '[fd00::1]:8089']) {
+  for (const h of ['127.0.0.1:8089', 'localhost:8089', 'LocalHost:8089', '[::1]:8089', 'dash.internal:8089', 'dash.internal',
+    'dash.internal:443', 'proxy.example:443', '[fd00::1]:8089', '[fd00::1]']) {
     assert.equal(g.hostAllowed(h), true, h);
   }
-  for (const h of [undefined, '', '127.0.0.1', '127.0.0.1:8090', 'evil.example:8089', 'dash.internal', 'proxy.example:8089',
+  for (const h of [undefined, '', '127.0.0.1', '127.0.0.1:8090', 'evil.example:8089', 'proxy.example', 'proxy.example:8089',
     '127.0.0.1.evil.example:8089', '127.0.0.1:8089:1', 'a'.repeat(400), '[::1:8089', '10.0.0.1:8089']) {
     assert.equal(g.hostAllowed(h), false, String(h));
   }
@@ -38,6 +39,7 @@ test('an action needs its own Origin (or none), a same-origin fetch, and the tok
   assert.equal(g.actionRefusal(req(ok)), null);
   assert.equal(g.actionRefusal(req({ ...ok, origin: undefined, 'sec-fetch-site': undefined })), null);
   assert.match(g.actionRefusal(req({ ...ok, origin: 'http://localhost:8089' })), /Origin/);
+  assert.equal(g.actionRefusal(req({ ...ok, origin: 'https://127.0.0.1:8089' })), null, 'https through a proxy');
   assert.match(g.actionRefusal(req({ ...ok, 'sec-fetch-site': 'same-site' })), /Sec-Fetch-Site/);
   assert.match(g.actionRefusal(req({ ...ok, 'x-csrf-token': undefined })), /missing CSRF token/);
   assert.match(g.actionRefusal(req({ ...ok, cookie: 'a=b' })), /missing CSRF token/);
@@ -46,7 +48,8 @@ test('an action needs its own Origin (or none), a same-origin fetch, and the tok
   assert.equal(g.cookie(), `pgtd_csrf_8089=${g.token}; Path=/; SameSite=Strict`);
   assert.equal(readCookie('x=1; pgtd_csrf_8089=abc; y=2', 'pgtd_csrf_8089'), 'abc');
   assert.deepEqual(parseHost('[::1]:80'), ['::1', 80]);
-  assert.deepEqual(parseHost('Example.COM'), ['example.com', 80]);
+  assert.deepEqual(parseHost('Example.COM'), ['example.com', null]);
+  assert.equal(parseHost('a:70000'), null);
 });
 
 test('rates: the counters\' difference over the time between two samples a second apart or more', () => {
