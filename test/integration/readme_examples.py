@@ -50,7 +50,7 @@ CREATES_EXTENSION = re.compile(r"CREATE\s+EXTENSION\s+(IF\s+NOT\s+EXISTS\s+)?pg_
 PAGES = ["README.md", "CONTRIBUTING.md", "CHANGELOG.md", "docs/README.md",
          "docs/acquire.md", "docs/rate-limits.md", "docs/locks.md", "docs/queue.md",
          "docs/recurring.md", "docs/crashes-and-failover.md", "docs/security.md", "docs/operations.md",
-         "docs/install.md", "docs/clients.md", "docs/performance.md",
+         "docs/install.md", "docs/clients.md", "docs/dashboard.md", "docs/performance.md",
          "docs/reference.md", "docs/design.md"]
 # The documents whose SQL blocks run, and whose links are checked.
 EXAMPLE_DOCUMENTS = ["README.md", "CONTRIBUTING.md"]
