@@ -36,12 +36,14 @@ def start(tmp_path, queue, worker, log):
 def test_processes_and_a_sigkill(conn, name, tmp_path):
     log = str(tmp_path / "log")
     events = [{"item_key": f"job:{n}", "payload": {"hang": n == 5}} for n in range(60)]
-    ids = pg_throttle.schedule_many(conn, name, events)
-    hang_id = ids[5]
     procs = {}
     try:
         for n in range(3):
             procs[f"{name}-{n}"] = start(tmp_path, name, f"{name}-{n}", log)
+        # Scheduled once all three listen, so that each has its share (a worker that
+        # started first would otherwise drain most of the queue alone).
+        ids = pg_throttle.schedule_many(conn, name, events)
+        hang_id = ids[5]
 
         def hanging():
             return [line for line in read_log(log) if line["id"] == hang_id and line["what"] == "start"]
