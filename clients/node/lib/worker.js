@@ -383,20 +383,16 @@ class Worker extends EventEmitter {
 
     // The heartbeat. An id leaves `held` before its complete/fail is sent, and one session's
     // queries run in the order they are sent, so an extend never counts an event this worker
-    // has ended. One extend at a time: on a stalled session they would pile up.
-    let extending = false;
+    // has ended.
     const heartbeat = setInterval(async () => {
       const ids = [...held];
-      if (ids.length === 0 || lost || extending) return;
-      extending = true;
+      if (ids.length === 0 || lost) return;
       try {
         const { n, sentAt } = await this._extend(ids, token);
         if (n < ids.length) giveUp(`extended ${n} of ${ids.length}`);
         else renewed(sentAt);
       } catch (err) {
         giveUp(`extend failed: ${err.message}`);
-      } finally {
-        extending = false;
       }
     }, timerMs(leaseMs / 3));
 
