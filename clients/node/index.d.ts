@@ -2,11 +2,41 @@
 
 import { EventEmitter } from 'node:events';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { ClientConfig, QueryResult } from 'pg';
+
+// pg's types are declared here rather than imported from 'pg': they live in @types/pg, which
+// a consumer need not have (pg is this package's only dependency).
+
+/** What node-postgres's query() resolves with, as far as this package reads it. */
+export interface QueryResultLike {
+  rows: any[];
+  rowCount?: number | null;
+}
 
 /** Anything with node-postgres's query(): a pg Client or Pool. */
 export interface Queryable {
-  query(text: string, values?: unknown[]): Promise<QueryResult<any>>;
+  query(text: string, values?: any[]): Promise<QueryResultLike>;
+}
+
+/** node-postgres connection settings (pg's ClientConfig; the common ones). */
+export interface ConnectionConfig {
+  user?: string;
+  database?: string;
+  password?: string | (() => string | Promise<string>);
+  port?: number;
+  host?: string;
+  connectionString?: string;
+  keepAlive?: boolean;
+  keepAliveInitialDelayMillis?: number;
+  statement_timeout?: false | number;
+  lock_timeout?: number;
+  idle_in_transaction_session_timeout?: number;
+  query_timeout?: number;
+  connectionTimeoutMillis?: number;
+  application_name?: string;
+  options?: string;
+  ssl?: boolean | object;
+  types?: unknown;
+  client_encoding?: string;
 }
 
 /** This client's version (the extension version it ships with). */
@@ -85,10 +115,16 @@ export interface WorkerBaseOptions {
   /** claimed_by. Default `${hostname}-${pid}`. */
   workerName?: string;
   /** node-postgres connection settings (default: the libpq environment), or a connection string. */
-  connection?: ClientConfig | string;
-  /** SIGTERM/SIGINT: stop(); a second one: stop({ abort: true }). Default false. */
+  connection?: ConnectionConfig | string;
+  /** SIGTERM/SIGINT: stop(); a second one: stop({ abort: true }); a third exits. Default false. */
   handleSignals?: boolean;
   applicationName?: string;
+  /** Seconds a query of the worker's session may go unanswered before the worker stops
+   * (a stalled connection; wait() rejects with code PG_THROTTLE_STALLED). Default max(lease/3, 5). */
+  queryTimeout?: number;
+  /** Seconds stop({ abort: true }) waits for handlers after aborting them; then their events
+   * are handed back and their outcome ignored. Default 1. */
+  abortGrace?: number;
 }
 
 /** One event per handler call (the default); throw to fail it. */
@@ -116,6 +152,8 @@ export class Worker extends EventEmitter {
   readonly pollSeconds: number;
   readonly retryIn: number | null;
   readonly batch: boolean;
+  readonly queryTimeout: number;
+  readonly abortGrace: number;
   /** Connects, checks the extension version, LISTENs; resolves once it runs. */
   start(): Promise<this>;
   /** Resolves when the worker stopped; rejects with the error that stopped it. */
@@ -172,7 +210,7 @@ export interface LeaseContext {
   /** The lock's fence token (a bigint as a string). */
   fence: string;
   token: string;
-  /** Aborts when a renewal fails: the lease may be someone else's. */
+  /** Aborts when a renewal fails, or none answered within the ttl: the lease may be someone else's. */
   signal: AbortSignal;
 }
 
@@ -212,9 +250,10 @@ export interface RateLimitOptions {
   per: number;
   /** Default: rate. */
   burst?: number;
+  /** An integer from 0 to burst, or a function of the request giving one. Default 1. */
   cost?: number | ((req: IncomingMessage) => number);
-  /** The bucket's name for a request, or null (400). Default: defaultKey. */
-  key?: (req: IncomingMessage) => string | null | undefined;
+  /** The bucket's name for a request (a number: its decimal text), or null (400). Default: defaultKey. */
+  key?: (req: IncomingMessage) => string | number | bigint | null | undefined;
   /** Refusals and database errors. Default: none. */
   log?: (message: string) => void;
 }

@@ -13,7 +13,9 @@
 // extend is lost: its work is stopped, and its events are neither completed nor failed.
 //
 // SIGTERM (or SIGINT) stops claiming and finishes the events held; a second one aborts the
-// work and hands the events back at once with fail(..., retry_in => '0'). Exits 0 either way.
+// work and hands the events back at once with fail(..., retry_in => '0') (work that ignores
+// the abort is not waited for beyond a second). Exits 0 either way; a third signal exits at
+// once (143 for SIGTERM), and a stalled connection stops the worker (exit 1).
 'use strict';
 
 const fs = require('node:fs');

@@ -8,9 +8,28 @@
 // so every process of the application shares it.
 
 const { ensureVersion } = require('./version');
-const { seconds } = require('./util');
+const { seconds, errorMessage } = require('./util');
 
 const MAX_KEY_BYTES = 200;   // pg_throttle's longest bucket name
+const MAX_INT = 2 ** 31 - 1; // rate, burst and cost are SQL integers
+
+// A cost take can grant: an integer from 0 to burst (a cost above burst could never pass;
+// take refuses it, and every request would get 503).
+function checkCost(cost, burst, name = 'cost') {
+  if (!Number.isInteger(cost) || cost < 0 || cost > burst) {
+    throw new RangeError(`${name} must be an integer from 0 to burst (${burst}), not ${String(cost)}`);
+  }
+  return cost;
+}
+
+// The bucket name of a key function's answer: a string; a number or bigint (a user id) as its
+// decimal text; null or undefined or '': none. Anything else is the key function's bug.
+function keyName(name) {
+  if (name === null || name === undefined || name === '') return null;
+  if (typeof name === 'string') return name;
+  if ((typeof name === 'number' && Number.isFinite(name)) || typeof name === 'bigint') return String(name);
+  throw new TypeError(`the rate-limit key function returned ${typeof name}, not a string`);
+}
 
 // throttle.take: { allowed, remaining, retryAfter, resetAfter } (seconds, as numbers).
 async function take(db, key, { rate, per, burst = null, cost = 1 }) {
@@ -49,19 +68,34 @@ function send(res, status, body, headers = {}) {
 
 // Express-style middleware: answers 400, 429 or 503 itself, or calls next() when the request
 // may pass (req.rateLimit then holds take()'s answer).
-//   rate, per (seconds), burst (default rate), cost (default 1, or a function of req),
-//   key(req) -> string | null (default: X-Api-Key, else the client's address),
-//   log(message) for refusals and database errors (default: none).
+//   rate, per (seconds), burst (default rate), cost (default 1, or a function of req: an
+//   integer from 0 to burst), key(req) -> string | number | null (default: X-Api-Key, else
+//   the client's address), log(message) for refusals and errors (default: none).
 // A key longer than 200 bytes gets 400; a request without a key (its connection is already
-// gone) gets 400; when the database cannot answer, 503 with Retry-After 1 (fail closed).
+// gone) gets 400; when the database cannot answer, 503 with Retry-After 1 (fail closed). A key
+// or cost function that throws or answers something else is a bug of the application's:
+// next(err) (Express answers 500; withRateLimit too).
 function rateLimit(db, options) {
   const { rate, per, burst = rate, cost = 1, key = defaultKey, log = () => {} } = options || {};
-  if (!Number.isInteger(rate) || rate < 1) throw new RangeError('rate must be an integer >= 1');
-  if (!Number.isInteger(burst) || burst < 1) throw new RangeError('burst must be an integer >= 1');
+  if (!Number.isInteger(rate) || rate < 1 || rate > MAX_INT) {
+    throw new RangeError(`rate must be an integer from 1 to ${MAX_INT}`);
+  }
+  if (!Number.isInteger(burst) || burst < 1 || burst > MAX_INT) {
+    throw new RangeError(`burst must be an integer from 1 to ${MAX_INT}`);
+  }
   seconds(per, 'per', { positive: true });
+  if (typeof cost !== 'function') checkCost(cost, burst);
+  if (typeof key !== 'function') throw new TypeError('key must be a function');
   return async function pgThrottleRateLimit(req, res, next) {
-    const name = key(req);
-    if (name === null || name === undefined || name === '') {
+    let name;
+    let units;
+    try {
+      name = keyName(key(req));
+      units = typeof cost === 'function' ? checkCost(cost(req), burst, 'cost(req)') : cost;
+    } catch (err) {
+      return next(err);
+    }
+    if (name === null) {
       log(`${req.method} ${req.url}: no rate-limit key (no client address: the connection is closed); refused`);
       return send(res, 400, { error: 'no client address' });
     }
@@ -70,8 +104,7 @@ function rateLimit(db, options) {
     }
     let answer;
     try {
-      answer = await take(db, name, { rate, per, burst,
-                                      cost: typeof cost === 'function' ? cost(req) : cost });
+      answer = await take(db, name, { rate, per, burst, cost: units });
     } catch (err) {
       // Fail closed: without the database the limit cannot be checked.
       log(`rate limit check failed: ${err.message}`);
@@ -94,12 +127,22 @@ function rateLimit(db, options) {
 
 // A plain Node http handler (req, res) that runs `handler` only for requests the limit lets
 // pass: http.createServer(withRateLimit(pool, { rate: 100, per: 60, burst: 20 }, handler)).
+// An error (of the key or cost function, or one the handler throws or rejects with) is
+// logged and answered with 500, never left to crash the process as an unhandled rejection.
 function withRateLimit(db, options, handler) {
   const limit = rateLimit(db, options);
-  return (req, res) => limit(req, res, (err) => {
-    if (err) return send(res, 500, { error: 'internal error' });
-    return handler(req, res);
-  });
+  const log = (options && options.log) || (() => {});
+  return (req, res) => {
+    const fail = (err) => {
+      log(`${req.method} ${req.url}: internal error: ${errorMessage(err)}`);
+      if (!res.headersSent) send(res, 500, { error: 'internal error' });
+      else res.destroy();
+    };
+    limit(req, res, (err) => {
+      if (err) return fail(err);
+      return handler(req, res);
+    }).catch(fail);
+  };
 }
 
 module.exports = { take, rateLimit, withRateLimit, defaultKey, MAX_KEY_BYTES };

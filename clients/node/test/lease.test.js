@@ -1,6 +1,7 @@
 'use strict';
 const test = require('node:test');
 const assert = require('node:assert');
+const { Pool } = require('pg');
 const { withLease } = require('..');
 const { connect, unique, one } = require('../testkit/db');
 
@@ -96,4 +97,96 @@ test('a function that throws: its error, and the lock released', async () => {
   await assert.rejects(withLease(a, name, 5, async () => { throw new Error('work failed'); }), /work failed/);
   assert.strictEqual((await one(a, 'SELECT count(*)::int AS n FROM throttle.locks WHERE name = $1', [name])).n, 0);
   await assert.rejects(withLease(a, name, 0, async () => {}), RangeError);
+});
+
+test('a Client whose fn runs a long query: the local deadline aborts the signal before another holder can get the lock', async () => {
+  const [a, b] = [await client(), await client()];
+  const name = unique('nl.longq');
+  let signal;
+  let abortedAt = null;
+  const t0 = Date.now();
+  const run = withLease(a, name, 1, async (ctx) => {
+    signal = ctx.signal;
+    signal.addEventListener('abort', () => { abortedAt = Date.now() - t0; });
+    await a.query('SELECT pg_sleep(2.5)');   // the renewals wait behind it on this Client
+  }).catch((e) => e);
+  await sleep(1700);
+  const otherGot = (await one(b, "SELECT throttle.lock($1, ttl => '5 seconds') AS t", [name])).t;
+  const abortedWhenOtherGot = signal.aborted;
+  const outcome = await run;
+  assert.ok(otherGot !== null, 'the other session took the lock once the ttl passed');
+  assert.strictEqual(abortedWhenOtherGot, true, 'a second holder had the lock while fn ran with its signal not aborted');
+  assert.ok(abortedAt !== null && abortedAt < 1000, `aborted ${abortedAt} ms in`);
+  assert.strictEqual(outcome.code, 'PG_THROTTLE_LEASE_LOST');
+  assert.match(outcome.message, /no renewal answered within the ttl of 1 s/);
+  // The other holder's lock was left alone by the unlock of the stale token.
+  assert.strictEqual((await one(b, 'SELECT count(*)::int AS n FROM throttle.locks WHERE name = $1', [name])).n, 1);
+});
+
+test('a Pool: the renewals take a free connection of it, not held up by a long query of fn\'s on the pool', async () => {
+  const pool = new Pool({ max: 2 });
+  const b = await client();
+  const name = unique('nl.pool');
+  try {
+    const result = await withLease(pool, name, 1, async ({ signal }) => {
+      // A query of 2.5 s on one of the pool's two connections; the renewals take the other.
+      await pool.query('SELECT pg_sleep(2.5)');
+      assert.strictEqual(signal.aborted, false);
+      const other = await one(b, "SELECT throttle.lock($1, ttl => '5 seconds') AS t", [name]);
+      assert.strictEqual(other.t, null);
+      return 'kept';
+    });
+    assert.strictEqual(result, 'kept');
+  } finally {
+    await pool.end();
+  }
+  assert.strictEqual((await one(b, 'SELECT count(*)::int AS n FROM throttle.locks WHERE name = $1', [name])).n, 0);
+});
+
+test('a renewal that errors once: the lease is lost, and unlocked anyway', async () => {
+  const a = await client();
+  const name = unique('nl.flaky');
+  let failed = false;
+  const flaky = { query: (sql, p) => {
+    if (/throttle\.renew/.test(sql) && !failed) { failed = true; return Promise.reject(new Error('Connection terminated unexpectedly')); }
+    return a.query(sql, p);
+  } };
+  const outcome = await withLease(flaky, name, 3, () => sleep(1500)).catch((e) => e);
+  assert.strictEqual(outcome.code, 'PG_THROTTLE_LEASE_LOST');
+  assert.match(outcome.message, /renew failed: Connection terminated unexpectedly/);
+  assert.strictEqual((await one(a, 'SELECT count(*)::int AS n FROM throttle.locks WHERE name = $1', [name])).n, 0,
+                     'the lease stayed held for its ttl after withLease rejected');
+});
+
+test('a ttl above 74 days does not renew in a tight loop (no server needed)', async () => {
+  const calls = [];
+  const fake = { query: async (sql) => {
+    calls.push(sql);
+    if (/extversion/.test(sql)) return { rows: [{ extversion: '0.4.0' }] };
+    if (/throttle\.lock/.test(sql)) return { rows: [{ token: '5' }] };
+    return { rows: [{ ok: true }] };
+  } };
+  let warnings = 0;
+  const onWarning = (w) => { if (w.name === 'TimeoutOverflowWarning') warnings += 1; };
+  process.on('warning', onWarning);
+  try {
+    assert.strictEqual(await withLease(fake, 'nl.huge', 80 * 24 * 3600, () => sleep(500).then(() => 'ok')), 'ok');
+    await new Promise((r) => setImmediate(r));
+  } finally {
+    process.removeListener('warning', onWarning);
+  }
+  assert.strictEqual(warnings, 0);
+  assert.strictEqual(calls.filter((s) => /throttle\.renew/.test(s)).length, 0);
+});
+
+test('a lock had after a long wait: renewed at once, so the lease is reckoned from then', async () => {
+  const [a, b] = [await client(), await client()];
+  const name = unique('nl.waited');
+  const first = withLease(a, name, 5, () => sleep(1500));
+  await sleep(100);
+  let aborted = null;
+  const result = await withLease(b, name, 1, async ({ signal }) => { await sleep(300); aborted = signal.aborted; return 'ran'; },
+                                 { wait: 5 });
+  await first;
+  assert.deepStrictEqual([result, aborted], ['ran', false]);
 });

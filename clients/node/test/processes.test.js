@@ -65,13 +65,21 @@ test('worker processes, one SIGKILLed mid-job: its event is taken over, every ev
   const completed = logs.filter((r) => r.kind === 'completed');
   const perId = new Map();
   for (const r of completed) perId.set(r.id, (perId.get(r.id) || 0) + 1);
-  assert.deepStrictEqual([...perId.keys()].sort(), [...ids].sort(), 'the logs: every event completed');
-  assert.deepStrictEqual([...perId.entries()].filter(([, n]) => n !== 1), [], 'the logs: none twice');
+  assert.deepStrictEqual([...perId.entries()].filter(([, n]) => n !== 1), [], 'the logs: none completed twice');
 
   const history = await rows(db, `SELECT id, attempts, completed_by FROM throttle.event_history
                                   WHERE queue = $1 AND state = 'done'`, [queue]);
+  assert.deepStrictEqual(history.map((h) => h.id).sort(), [...ids].sort(), 'event_history: every event done once');
+  // The killed worker (concurrency 2) may have been killed after the server committed the
+  // complete of its other event but before it logged `completed`: such an event, done by it
+  // in event_history, has its handler's start and end lines in its log and no `completed`.
+  const ranFully = (id) => ['start', 'end'].every((kind) => logs.some((r) => r.worker === killed && r.id === id && r.kind === kind));
   const byId = new Map(completed.map((r) => [r.id, r.worker]));
-  assert.deepStrictEqual(history.filter((h) => h.completed_by !== byId.get(h.id)), [],
+  const unlogged = history.filter((h) => !byId.has(h.id));
+  assert.deepStrictEqual(unlogged.filter((h) => h.completed_by !== killed || !ranFully(h.id)), [],
+                         'the logs: every event completed (only the killed worker may lack its last completed line)');
+  assert.ok(unlogged.length <= 1, `${unlogged.length} events completed but not logged by the killed worker`);
+  assert.deepStrictEqual(history.filter((h) => byId.has(h.id) && h.completed_by !== byId.get(h.id)), [],
                          'event_history: each event completed by the worker whose log says so');
   const slow = history.find((h) => h.id === slowId);
   assert.strictEqual(slow.attempts, 2);

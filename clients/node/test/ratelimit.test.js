@@ -2,6 +2,8 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const http = require('node:http');
+const path = require('node:path');
+const { fork } = require('node:child_process');
 const { Pool } = require('pg');
 const { rateLimit, withRateLimit, take } = require('..');
 const { connect, unique, one } = require('../testkit/db');
@@ -94,4 +96,69 @@ test('fail closed: 503 with Retry-After when the database cannot answer', async 
   assert.deepStrictEqual([r.status, r.retryAfter, r.body], [503, '1', { error: 'rate limit unavailable' }]);
   assert.match(logged[0], /^rate limit check failed: /);
   assert.throws(() => rateLimit(pool, { rate: 0, per: 1 }), RangeError);
+});
+
+// An http server (testkit/rl_child.js) on withRateLimit in a process of its own: a crash there
+// does not take the test runner down.
+async function child(t) {
+  const c = fork(path.join(__dirname, '..', 'testkit', 'rl_child.js'), [], { stdio: ['ignore', 'ignore', 'pipe', 'ipc'] });
+  c.stderrText = '';
+  c.stderr.on('data', (d) => { c.stderrText += d; });
+  t.after(() => { if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL'); });
+  const { port } = await new Promise((r) => c.once('message', r));
+  return { c, url: `http://127.0.0.1:${port}` };
+}
+
+async function status(url, headers) {
+  try {
+    return (await fetch(url, { headers })).status;
+  } catch (err) {
+    return `no answer (${err.cause ? err.cause.code : err.message})`;
+  }
+}
+
+test('a key function that throws: 500 for that request, the server process lives on', async (t) => {
+  const { c, url } = await child(t);
+  assert.strictEqual(await status(url, {}), 200);
+  const first = await status(url, { 'x-boom': '1' });
+  await new Promise((r) => setTimeout(r, 200));
+  const after = await status(url, {});
+  assert.deepStrictEqual([first, after, c.exitCode], [500, 200, null], c.stderrText.split('\n').slice(0, 3).join(' / '));
+  assert.match(c.stderrText, /GET \/: internal error: no user on this request/);
+});
+
+test('a key function that returns a number (a user id): its decimal text is the key', async (t) => {
+  const { c, url } = await child(t);
+  const answers = [];
+  for (let i = 0; i < 2; i++) answers.push(await status(url, { 'x-num': '1' }));
+  const after = await status(url, {});
+  assert.deepStrictEqual([...answers, after, c.exitCode], [200, 200, 200, null], c.stderrText.split('\n').slice(0, 3).join(' / '));
+});
+
+test('Express style: a key or cost function that throws or answers nonsense goes to next(err)', async () => {
+  const db = { query: async () => assert.fail('no query for a request in error') };
+  const res = { writeHead() { assert.fail('answered'); }, end() {}, setHeader() {} };
+  const req = { method: 'GET', url: '/', headers: {}, socket: {} };
+  for (const [options, pattern] of [
+    [{ key: () => { throw new Error('no user'); } }, /no user/],
+    [{ key: () => ({ id: 1 }) }, /key function returned object/],
+    [{ key: () => 'k', cost: () => 11 }, /cost\(req\) must be an integer from 0 to burst \(10\), not 11/],
+    [{ key: () => 'k', cost: () => { throw new Error('cost bug'); } }, /cost bug/],
+  ]) {
+    const got = [];
+    await rateLimit(db, { rate: 10, per: 1, ...options })(req, res, (err) => got.push(err));
+    assert.strictEqual(got.length, 1);
+    assert.match(String(got[0] && got[0].message), pattern);
+  }
+});
+
+test('a cost take would always refuse (above burst, fractional, negative) is refused at construction', () => {
+  const db = { query: async () => ({ rows: [] }) };
+  for (const opts of [{ rate: 10, per: 1, burst: 5, cost: 6 }, { rate: 10, per: 1, cost: 1.5 },
+                      { rate: 10, per: 1, cost: -1 }, { rate: 10, per: 1, cost: '1' },
+                      { rate: 2 ** 31, per: 1 }, { rate: 1, per: 1, burst: 2 ** 31 }]) {
+    assert.throws(() => rateLimit(db, opts), RangeError, JSON.stringify(opts));
+  }
+  assert.strictEqual(typeof rateLimit(db, { rate: 10, per: 1, burst: 5, cost: 5 }), 'function');
+  assert.strictEqual(typeof rateLimit(db, { rate: 10, per: 1, cost: 0 }), 'function');
 });

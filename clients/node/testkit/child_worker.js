@@ -6,7 +6,10 @@
 const fs = require('node:fs');
 const { Worker } = require('..');
 
-const [name, queue, lease, logPath] = process.argv.slice(2);
+// An optional fifth argument, JSON: { "ignoreSignal": true } makes the slow handler ignore its
+// signal; the other keys are Worker options (abortGrace).
+const [name, queue, lease, logPath, extra] = process.argv.slice(2);
+const { ignoreSignal = false, ...more } = extra ? JSON.parse(extra) : {};
 const log = (rec) => fs.appendFileSync(logPath, JSON.stringify({ worker: name, pid: process.pid, ...rec }) + '\n');
 
 const worker = new Worker({
@@ -17,11 +20,13 @@ const worker = new Worker({
   concurrency: 2,
   max: 1,
   handleSignals: true,
+  ...more,
   handler: async (event, { signal }) => {
     log({ kind: 'start', id: event.id, attempt: event.attempts, at: Date.now() });
     const ms = event.payload.slow && event.attempts === 1 ? 60000 : 20;
     await new Promise((resolve, reject) => {
       const t = setTimeout(resolve, ms);
+      if (ignoreSignal) return;
       signal.addEventListener('abort', () => { clearTimeout(t); reject(signal.reason); }, { once: true });
     });
     log({ kind: 'end', id: event.id, attempt: event.attempts, at: Date.now() });

@@ -1,6 +1,6 @@
 // Compiled (not run) by `npm run typecheck`: the declarations fit their uses.
 import http from 'node:http';
-import { Pool } from 'pg';
+import { Pool, Client, ClientConfig } from 'pg';
 import { Worker, schedule, scheduleMany, cancel, reschedule, withLease, rateLimit, withRateLimit,
          take, checkVersion, SUPPORTED, VersionError } from '..';
 
@@ -16,6 +16,11 @@ async function main(): Promise<void> {
     handler: async (event, { signal, fence }) => { signal.throwIfAborted(); console.log(event.id, fence); },
   });
   const b = new Worker({ queue: 'q', batch: true, handler: (events, { token }) => events.length + token.length });
+  const cfg: ClientConfig = { host: '/tmp', keepAlive: true };   // pg's own config type fits
+  const c = new Worker({ queue: 'q', connection: cfg, queryTimeout: 5, abortGrace: 0.5, handler: async () => {} });
+  void c;
+  const n2: string = await withLease(new Client(), 'l', 5, async ({ fence }) => fence);
+  void n2;
   void b;
   w.on('lost', ({ token, reason }) => console.log(token, reason));
   await w.start();

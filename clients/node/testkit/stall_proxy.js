@@ -1,0 +1,33 @@
+'use strict';
+// A Unix-socket proxy in front of the test server whose traffic can be held
+// (a stalled network: queries sent, no answer, no error), then cut.
+const fs = require('node:fs');
+const net = require('node:net');
+const path = require('node:path');
+
+async function stallProxy() {
+  const port = Number(process.env.PGPORT || 5432);
+  const target = path.join(process.env.PGHOST || '/var/run/postgresql', `.s.PGSQL.${port}`);
+  const dir = fs.mkdtempSync('/tmp/pgtp.');
+  const socks = [];
+  let stalled = false;
+  const held = [];
+  const server = net.createServer((c) => {
+    const s = net.connect(target);
+    socks.push(c, s);
+    const fwd = (from, to) => from.on('data', (d) => { if (stalled) held.push([to, d]); else to.write(d); });
+    fwd(c, s);
+    fwd(s, c);
+    c.on('error', () => {}); s.on('error', () => {});
+    c.on('close', () => s.destroy()); s.on('close', () => c.destroy());
+  });
+  await new Promise((r) => server.listen(path.join(dir, `.s.PGSQL.${port}`), r));
+  return {
+    connection: { host: dir, port },
+    stall() { stalled = true; },
+    cut() { for (const x of socks) x.destroy(); },
+    async close() { this.cut(); await new Promise((r) => server.close(r)); fs.rmSync(dir, { recursive: true, force: true }); },
+  };
+}
+
+module.exports = { stallProxy };
