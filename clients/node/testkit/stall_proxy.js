@@ -7,7 +7,9 @@ const path = require('node:path');
 
 async function stallProxy() {
   const port = Number(process.env.PGPORT || 5432);
-  const target = path.join(process.env.PGHOST || '/var/run/postgresql', `.s.PGSQL.${port}`);
+  const host = process.env.PGHOST || '/var/run/postgresql';
+  // The server's Unix socket, or its TCP address (pg_virtualenv's PGHOST=localhost).
+  const target = host.startsWith('/') ? { path: path.join(host, `.s.PGSQL.${port}`) } : { host, port };
   const dir = fs.mkdtempSync('/tmp/pgtp.');
   const socks = [];
   let stalled = false;
