@@ -341,3 +341,19 @@ def test_bad_options_are_refused_at_construction(option):
 def test_good_options_are_accepted():
     worker = pg_throttle.Worker("q", print, retry_in=0, poll=0.05, concurrency=3, max=10, abort_grace=0)
     assert worker.retry_in == datetime.timedelta(0) and worker.poll == 0.05
+
+
+def test_a_factory_connection_in_a_transaction_is_closed(name):
+    """A connection factory that returns a connection inside a transaction:
+    autocommit cannot be set, the worker does not start, and the factory's
+    connection is closed rather than leaked."""
+    made = []
+
+    def factory():
+        c = psycopg.connect("")
+        c.execute("SELECT 1")                   # opens a transaction
+        made.append(c)
+        return c
+    with pytest.raises(psycopg.ProgrammingError):
+        pg_throttle.Worker(name, print, conninfo=factory).start()
+    assert len(made) == 1 and made[0].closed
