@@ -678,7 +678,11 @@ class Worker:
                 retry_in = retry_delay(error.retry_in)
             except (TypeError, ValueError) as e:      # a retry_in changed after RetryLater() checked it
                 log.error("RetryLater's retry_in is no delay (%s): the worker's retry_in instead", e)
-        return error_text(error, slot.conn.info.encoding), retry_in
+        try:
+            encoding = slot.conn.info.encoding
+        except Exception:  # noqa: BLE001 - a closed connection: the fail will say so
+            encoding = "utf-8"
+        return error_text(error, encoding), retry_in
 
     def _work_on(self, slot: _Slot, events: List[Event]) -> None:
         claim = _Claim(events[0]["claim_token"], [e["id"] for e in events])
