@@ -23,7 +23,7 @@ def read_log(path):
         return [json.loads(line) for line in f]
 
 
-def start(tmp_path, queue, worker, log, gate=0, abort_grace=5):
+def start(tmp_path, queue, worker, log, gate=0, abort_grace=2):
     proc = subprocess.Popen([sys.executable, PROGRAM, queue, worker, log, str(LEASE), str(gate), str(abort_grace)],
                             stdout=subprocess.PIPE, stderr=open(tmp_path / f"{worker}.err", "w"),
                             text=True, start_new_session=True)

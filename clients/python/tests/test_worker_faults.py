@@ -341,6 +341,7 @@ def test_bad_options_are_refused_at_construction(option):
 def test_good_options_are_accepted():
     worker = pg_throttle.Worker("q", print, retry_in=0, poll=0.05, concurrency=3, max=10, abort_grace=0)
     assert worker.retry_in == datetime.timedelta(0) and worker.poll == 0.05
+    assert pg_throttle.Worker("q", print).abort_grace == 2          # short: the abort means now
 
 
 def test_a_factory_connection_in_a_transaction_is_closed(name):

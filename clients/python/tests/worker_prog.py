@@ -7,7 +7,7 @@ an event whose payload has {"hang": true} hangs on its first attempt until
 the worker aborts (the test kills the process, or sends a second SIGTERM);
 one with {"stuck": true} hangs for an hour whatever happens, ignoring
 context.cancelled. SIGTERM: finish and exit 0; a second one: hand back and
-exit 0 (a stuck handler's events after ABORT_GRACE seconds, default 5); a
+exit 0 (a stuck handler's events after ABORT_GRACE seconds, default 2); a
 third: die of it at once."""
 import json
 import os
@@ -32,7 +32,7 @@ def main():
     # GATE (optional): the first events wait until GATE workers have started
     # one, so that every worker of the test gets work whatever the timing.
     gate = int(sys.argv[5]) if len(sys.argv) > 5 else 0
-    abort_grace = float(sys.argv[6]) if len(sys.argv) > 6 else 5
+    abort_grace = float(sys.argv[6]) if len(sys.argv) > 6 else 2
     gate_open = threading.Event()
 
     def wait_for_gate():

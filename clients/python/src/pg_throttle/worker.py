@@ -296,7 +296,7 @@ class Worker:
                  lease: Seconds = 30, poll: Seconds = 60, retry_in: Optional[Seconds] = None,
                  name: Optional[str] = None, batch: bool = False, listen: bool = True,
                  install_signal_handlers: bool = False, on_term: str = "finish",
-                 on_ready: Optional[Callable[["Worker"], Any]] = None, abort_grace: Seconds = 5):
+                 on_ready: Optional[Callable[["Worker"], Any]] = None, abort_grace: Seconds = 2):
         if not callable(handler):
             raise TypeError("handler must be callable")
         integer(concurrency, "concurrency", 1)
