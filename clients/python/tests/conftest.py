@@ -15,6 +15,7 @@ try:
     import pg_throttle  # noqa: F401 - installed, or on PYTHONPATH
 except ImportError:
     sys.path.insert(0, SRC)
+    import pg_throttle  # noqa: F401
 
 
 def unique(prefix):
@@ -56,6 +57,23 @@ def other_database():
     for db in made:
         admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
     admin.close()
+
+
+@pytest.fixture
+def workers():
+    """Workers started by a test; stopped (aborting) at its end, whatever happens."""
+    started = []
+
+    def start(*args, **kwargs):
+        kwargs.setdefault("poll", 0.2)
+        worker = pg_throttle.Worker(*args, **kwargs)
+        started.append(worker)
+        return worker.start()
+    yield start
+    for worker in started:
+        worker.stop(abort=True)
+    for worker in started:
+        assert worker.error is None, worker.error
 
 
 def wait_until(predicate, timeout, every=0.02):

@@ -198,3 +198,83 @@ def test_sync_rate_limiter(conn, name):
     finally:
         limiter.source.close()
     assert pg_throttle.whole_seconds_up(datetime.timedelta(seconds=9, microseconds=1)) == 10
+
+
+def test_a_key_that_is_not_a_str_is_a_500(name, caplog):
+    """A key function returning neither a str nor None is the application's
+    bug: 500 and a log line, the application not called (not a crash of the
+    connection)."""
+    called = []
+
+    async def recording(scope, receive, send):
+        called.append(scope["path"])
+        await app(scope, receive, send)
+
+    async def main():
+        middleware = pg_throttle.RateLimitMiddleware(recording, FIXED, rate=5, key=lambda scope: 42,
+                                                     prefix=name + ":")
+        try:
+            return await request(middleware)
+        finally:
+            await middleware.aclose()
+    status, _, body = asyncio.run(main())
+    assert status == 500 and json.loads(body) == {"error": "rate limit check failed"} and called == []
+    assert "key function returned int" in caplog.text
+    limiter = pg_throttle.RateLimiter(FIXED, rate=1, prefix=name + ":")
+    try:
+        with pytest.raises(TypeError):
+            limiter.take(42)
+    finally:
+        limiter.close()
+
+
+@pytest.mark.parametrize("shape", [{"cost": 4, "burst": 3}, {"cost": -1}, {"cost": 1.5}, {"per": 0},
+                                   {"per": -1}, {"per": float("inf")}, {"rate": 0}, {"rate": 2.5},
+                                   {"burst": 0}, {"rate": 2 ** 31}])
+def test_bad_shapes_are_refused_at_construction(shape):
+    """What throttle.take would refuse at every request (cost over the burst:
+    a request that never passes, 22023) is refused when the limiter is made."""
+    shape = {"rate": 5, **shape}
+    rate = shape.pop("rate")
+    with pytest.raises((ValueError, TypeError)):
+        pg_throttle.RateLimiter("", rate, **shape)
+    with pytest.raises((ValueError, TypeError)):
+        pg_throttle.AsyncRateLimiter("", rate, **shape)
+    with pytest.raises((ValueError, TypeError)):
+        pg_throttle.RateLimitMiddleware(app, "", rate=rate, **shape)
+
+
+def test_sources_are_checked(name):
+    """A connection not in autocommit is refused (its first take would leave
+    the session idle in transaction for good), and so are a sync source for
+    AsyncRateLimiter and an async one for RateLimiter."""
+    from psycopg_pool import ConnectionPool
+    with psycopg.connect(FIXED) as plain:
+        with pytest.raises(ValueError, match="autocommit"):
+            pg_throttle.RateLimiter(plain, rate=5)
+        with pytest.raises(TypeError):
+            pg_throttle.AsyncRateLimiter(plain, rate=5)
+        assert plain.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with psycopg.connect(FIXED, autocommit=True) as c:
+        limiter = pg_throttle.RateLimiter(c, rate=5, burst=2, prefix=name + ":")
+        assert limiter.take("k").allowed
+        with pytest.raises(ValueError):
+            limiter.take("k", cost=3)           # over the burst
+        c.autocommit = False                    # changed afterwards: refused at the take
+        with pytest.raises(ValueError, match="autocommit"):
+            limiter.take("k")
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    pool = ConnectionPool(FIXED, open=False)
+    with pytest.raises(TypeError):
+        pg_throttle.AsyncRateLimiter(pool, rate=5)
+
+    async def main():
+        async with await psycopg.AsyncConnection.connect(FIXED) as aplain:
+            with pytest.raises(ValueError, match="autocommit"):
+                pg_throttle.AsyncRateLimiter(aplain, rate=5)
+            with pytest.raises(TypeError):
+                pg_throttle.RateLimiter(aplain, rate=5)
+        apool = AsyncConnectionPool(FIXED, open=False)
+        with pytest.raises(TypeError):
+            pg_throttle.RateLimiter(apool, rate=5)
+    asyncio.run(main())

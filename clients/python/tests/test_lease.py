@@ -88,3 +88,18 @@ def test_lease_errors(name):
     with pytest.raises(TypeError):
         with pg_throttle.lease("", name, "5 seconds"):
             pass
+
+
+@pytest.mark.parametrize("times", [{"ttl": 0}, {"ttl": -1}, {"ttl": 5, "renew_every": 0},
+                                   {"ttl": 5, "renew_every": -1}, {"ttl": 5, "renew_every": 5},
+                                   {"ttl": 5, "renew_every": float("nan")}])
+def test_bad_times_are_refused_before_locking(name, times):
+    """renew_every 0 would renew in a busy loop, and one not under the ttl
+    would let the lease run out between renewals: refused before the lock is
+    taken (none is left behind)."""
+    ttl = times.pop("ttl")
+    with pytest.raises(ValueError):
+        with pg_throttle.lease("", name, ttl, **times):
+            pass
+    with psycopg.connect("", autocommit=True) as c:
+        assert c.execute("SELECT count(*) FROM throttle.locks WHERE name = %s", (name,)).fetchone()[0] == 0

@@ -40,23 +40,6 @@ def left(conn, queue):
     return conn.execute("SELECT count(*) FROM throttle.event WHERE queue = %s", (queue,)).fetchone()[0]
 
 
-@pytest.fixture
-def workers():
-    """Workers started by a test; stopped (aborting) at its end, whatever happens."""
-    started = []
-
-    def start(*args, **kwargs):
-        kwargs.setdefault("poll", 0.2)
-        worker = pg_throttle.Worker(*args, **kwargs)
-        started.append(worker)
-        return worker.start()
-    yield start
-    for worker in started:
-        worker.stop(abort=True)
-    for worker in started:
-        assert worker.error is None, worker.error
-
-
 def test_concurrency_drains_each_event_once(conn, name, workers):
     """concurrency=4: four handlers run at once (a barrier only four at once
     pass), and 40 events are each completed exactly once."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import weakref
 from typing import Callable, Union
 
@@ -20,13 +21,36 @@ _checked: "weakref.WeakSet[psycopg.Connection]" = weakref.WeakSet()
 _checked_async: "weakref.WeakSet[psycopg.AsyncConnection]" = weakref.WeakSet()
 
 
-def interval(value: Seconds) -> datetime.timedelta:
-    """Seconds (a number) or a timedelta, as a timedelta."""
+def interval(value: Seconds, what: str = "a delay") -> datetime.timedelta:
+    """Seconds (a number) or a timedelta, as a timedelta: TypeError for
+    anything else, ValueError for NaN or an infinite or out-of-range number."""
     if isinstance(value, datetime.timedelta):
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"expected seconds (a number) or a timedelta, not {type(value).__name__}")
-    return datetime.timedelta(seconds=value)
+        raise TypeError(f"{what} must be seconds (a number) or a timedelta, not {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number of seconds, not {value}")
+    try:
+        return datetime.timedelta(seconds=value)
+    except OverflowError:
+        raise ValueError(f"{what} is out of range: {value} seconds") from None
+
+
+def positive(value: Seconds, what: str) -> datetime.timedelta:
+    """interval(), refused unless over zero."""
+    result = interval(value, what)
+    if result <= datetime.timedelta(0):
+        raise ValueError(f"{what} must be positive, not {value}")
+    return result
+
+
+def integer(value, what: str, least: int) -> int:
+    """An int (not a bool) of at least `least`: TypeError or ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an integer, not {type(value).__name__}")
+    if value < least:
+        raise ValueError(f"{what} must be at least {least}, not {value}")
+    return value
 
 
 def seconds(value: Seconds) -> float:
@@ -39,8 +63,12 @@ def connect(target: Connect) -> psycopg.Connection:
         conn = target()
         if not isinstance(conn, psycopg.Connection):
             raise TypeError("the connection factory must return a psycopg.Connection")
-        if not conn.autocommit:
-            conn.autocommit = True
+        try:
+            if not conn.autocommit:
+                conn.autocommit = True      # refused when the factory left a transaction open
+        except BaseException:
+            conn.close()
+            raise
     else:
         conn = psycopg.connect(target, autocommit=True)
     try:

@@ -14,7 +14,8 @@ never blocked.
 Allowed: the application's answer, with RateLimit-Limit, RateLimit-Remaining
 and RateLimit-Reset added. Denied: 429 with Retry-After and the same headers,
 and a JSON body {"error": "too many requests", "retry_after_s": <exact>}. A key
-that makes the bucket's name longer than 200 bytes: 400. When the database
+that makes the bucket's name longer than 200 bytes: 400; a key function
+that returns neither a str nor None: 500 and a log line. When the database
 cannot answer (or no pooled connection comes within pool_timeout): 503 with
 Retry-After 1, failing closed rather than letting requests through; any other
 database error: 500. An extension missing or of another version raises
@@ -82,6 +83,11 @@ class RateLimitMiddleware:
             key = await key
         if key is None:
             await self.app(scope, receive, send)
+            return
+        if not isinstance(key, str):
+            # The application's mistake: refuse the request rather than end the connection.
+            log.error("rate limit key function returned %s, not a str (or None)", type(key).__name__)
+            await _answer(send, 500, {"error": "rate limit check failed"}, {})
             return
         try:
             decision = await self.limiter.take(key)

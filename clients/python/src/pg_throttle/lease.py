@@ -26,7 +26,7 @@ from typing import Iterator, Optional, Union
 
 import psycopg
 
-from ._conn import Connect, Seconds, connect, conninfo_of, interval
+from ._conn import Connect, Seconds, connect, conninfo_of, interval, positive
 
 log = logging.getLogger("pg_throttle.lease")
 
@@ -88,9 +88,14 @@ def lease(target: Union[Connect, psycopg.Connection], name: str, ttl: Seconds, *
     the with block, renewing it every renew_every (default ttl/3). wait: how
     long to wait for the lock (0: try once; None: no limit); LockBusy when it
     was not had. holder: shown in throttle.locks (default: the session's
-    description). Raises VersionError as every entry point does."""
-    ttl = interval(ttl)
-    every = interval(renew_every).total_seconds() if renew_every is not None else ttl.total_seconds() / 3
+    description). Raises VersionError as every entry point does; ValueError
+    for a ttl or renew_every not over 0, or renew_every not under the ttl."""
+    ttl = positive(ttl, "ttl")
+    every = ttl / 3 if renew_every is None else positive(renew_every, "renew_every")
+    if every >= ttl:
+        raise ValueError(f"renew_every ({every}) must be shorter than the ttl ({ttl}): the lease would run out "
+                         "before its renewal")
+    every = every.total_seconds()
     if isinstance(target, psycopg.Connection):
         target = conninfo_of(target)
     conn = connect(target)

@@ -14,10 +14,15 @@ until the same request would pass, rounded UP and at least 1 (rounded to the
 nearest, 0.4 s would say "come back now" and the client would be refused
 again).
 
-RateLimiter works on a psycopg.Connection or a psycopg_pool.ConnectionPool
-(or a connection string, for a pool of its own); AsyncRateLimiter on an
-AsyncConnection or AsyncConnectionPool, without blocking the event loop.
-Pooled connections should be in autocommit: a take is one statement.
+RateLimiter works on a psycopg.Connection in autocommit or a
+psycopg_pool.ConnectionPool (or a connection string, for a pool of its own);
+AsyncRateLimiter on an AsyncConnection in autocommit or an
+AsyncConnectionPool, without blocking the event loop. A connection not in
+autocommit is refused (ValueError): its first take would open a transaction
+nothing ends, and the session would stay idle in transaction. Pooled
+connections should be in autocommit too: a take is one statement. The
+shape (rate, per, burst, cost) is checked when the limiter is made, as
+throttle.take would check it.
 """
 from __future__ import annotations
 
@@ -28,9 +33,15 @@ from typing import Any, Dict, Optional
 
 import psycopg
 
-from ._conn import Seconds, ensure_version, ensure_version_async, interval
+from ._conn import Seconds, ensure_version, ensure_version_async, integer, positive
+
+try:
+    from psycopg_pool import AsyncConnectionPool as _AsyncPool, ConnectionPool as _SyncPool
+except ImportError:                 # psycopg-pool is optional
+    _AsyncPool = _SyncPool = None
 
 MAX_BUCKET_NAME = 200              # bytes: pg_throttle's longest key name
+MAX_INT = 2_147_483_647            # throttle.take's integers
 
 TAKE = "SELECT allowed, remaining, retry_after, reset_after FROM throttle.take(%s, %s, %s, %s, %s)"
 
@@ -72,23 +83,49 @@ class Decision:
                 f"retry_after={self.retry_after!r}, reset_after={self.reset_after!r})")
 
 
+def _at_most(value: int, what: str, most: int) -> int:
+    if value > most:
+        raise ValueError(f"{what} must be at most {most}, not {value}")
+    return value
+
+
+def _autocommit(conn, kind: str) -> None:
+    if not conn.autocommit:
+        raise ValueError(f"{kind} needs a connection in autocommit (psycopg.connect(..., autocommit=True)) or "
+                         "a pool: on this one the first take would open a transaction that nothing ends, "
+                         "leaving the session idle in transaction")
+
+
 class _Shape:
     def __init__(self, rate: int, per: Seconds, burst: Optional[int], cost: int, prefix: str):
-        if rate < 1:
-            raise ValueError("rate must be at least 1")
-        self.rate, self.per = rate, interval(per)
-        self.burst = burst if burst is not None else rate
-        self.cost, self.prefix = cost, prefix
+        self.rate = _at_most(integer(rate, "rate", 1), "rate", MAX_INT)
+        self.per = positive(per, "per")
+        self.burst = rate if burst is None else _at_most(integer(burst, "burst", 1), "burst", MAX_INT)
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+        self.prefix = prefix
+        self.cost = self.checked_cost(cost)
+
+    def checked_cost(self, cost: int) -> int:
+        """A cost throttle.take accepts: 0 (a peek) to the burst."""
+        integer(cost, "cost", 0)
+        if cost > self.burst:
+            raise ValueError(f"cost ({cost}) must be at most the burst ({self.burst}): such a request would "
+                             "never pass")
+        return cost
 
     def bucket(self, key: str) -> str:
-        """The bucket's name in pg_throttle for a key; KeyTooLong when over 200 bytes."""
+        """The bucket's name in pg_throttle for a key: TypeError when the key
+        is not a str, KeyTooLong when the name is over 200 bytes."""
+        if not isinstance(key, str):
+            raise TypeError(f"a rate-limit key must be a str, not {type(key).__name__}")
         name = self.prefix + key
         if len(name.encode()) > MAX_BUCKET_NAME:
             raise KeyTooLong(f"the rate-limit bucket name is over {MAX_BUCKET_NAME} bytes")
         return name
 
     def params(self, bucket: str, cost: Optional[int]):
-        return (bucket, self.rate, self.per, self.burst, self.cost if cost is None else cost)
+        return (bucket, self.rate, self.per, self.burst, self.cost if cost is None else self.checked_cost(cost))
 
     def decision(self, bucket: str, row) -> Decision:
         return Decision(bucket, self.burst, *row)
@@ -102,6 +139,11 @@ class RateLimiter(_Shape):
     def __init__(self, source: Any, rate: int, per: Seconds = 1, burst: Optional[int] = None, *,
                  cost: int = 1, prefix: str = "http:", pool_size: int = 4, pool_timeout: float = 5):
         super().__init__(rate, per, burst, cost, prefix)
+        if isinstance(source, psycopg.AsyncConnection) or (_AsyncPool is not None and isinstance(source, _AsyncPool)):
+            raise TypeError("RateLimiter needs a psycopg.Connection or ConnectionPool: use AsyncRateLimiter "
+                            "with an AsyncConnection or AsyncConnectionPool")
+        if isinstance(source, psycopg.Connection):
+            _autocommit(source, "RateLimiter")
         self._own = isinstance(source, str)
         if self._own:
             from psycopg_pool import ConnectionPool
@@ -117,9 +159,12 @@ class RateLimiter(_Shape):
     def take(self, key: str, cost: Optional[int] = None) -> Decision:
         """Takes `cost` (default: the limiter's) units for `key`."""
         bucket = self.bucket(key)
+        params = self.params(bucket, cost)
         with self._connection() as conn:
+            if conn is self.source:
+                _autocommit(conn, "RateLimiter")       # still, at each take
             ensure_version(conn)
-            row = conn.execute(TAKE, self.params(bucket, cost)).fetchone()
+            row = conn.execute(TAKE, params).fetchone()
         return self.decision(bucket, row)
 
     def close(self) -> None:
@@ -135,6 +180,11 @@ class AsyncRateLimiter(_Shape):
     def __init__(self, source: Any, rate: int, per: Seconds = 1, burst: Optional[int] = None, *,
                  cost: int = 1, prefix: str = "http:", pool_size: int = 4, pool_timeout: float = 5):
         super().__init__(rate, per, burst, cost, prefix)
+        if isinstance(source, psycopg.Connection) or (_SyncPool is not None and isinstance(source, _SyncPool)):
+            raise TypeError("AsyncRateLimiter needs a psycopg.AsyncConnection or AsyncConnectionPool (its takes "
+                            "must not block the event loop): use RateLimiter with a Connection or ConnectionPool")
+        if isinstance(source, psycopg.AsyncConnection):
+            _autocommit(source, "AsyncRateLimiter")
         self._own = isinstance(source, str)
         self._opened = not self._own
         self._opening: Optional[asyncio.Lock] = None
@@ -165,9 +215,12 @@ class AsyncRateLimiter(_Shape):
     async def take(self, key: str, cost: Optional[int] = None) -> Decision:
         """Takes `cost` (default: the limiter's) units for `key`."""
         bucket = self.bucket(key)
+        params = self.params(bucket, cost)
         async with self._connection() as conn:
+            if conn is self.source:
+                _autocommit(conn, "AsyncRateLimiter")  # still, at each take
             await ensure_version_async(conn)
-            cur = await conn.execute(TAKE, self.params(bucket, cost))
+            cur = await conn.execute(TAKE, params)
             row = await cur.fetchone()
         return self.decision(bucket, row)
 

@@ -26,10 +26,26 @@ the first with on_term="handback"): cancel the work at once and hand the
 events back with fail(..., retry_in 0), so another worker gets them at once:
 first the one being worked on (in a group in strict order, that sends the
 claim's later ones back to pending, their attempt not counted), then, in one
-more fail, whatever the claim still holds. Either way nothing is left claimed
-until its lease runs out. A lost database connection ends run() with the
-error: run it under a supervisor that restarts it (its claims are taken over
-when their leases end).
+more fail, whatever the claim still holds. A handler that has not returned
+abort_grace seconds after the abort (it ignores context.cancelled) has its
+events handed back by run() itself, which then returns and leaves that
+thread behind (a daemon): whatever it returns later, its events are never
+completed. A signal after the abort exits the process at once. Either way
+nothing is left claimed until its lease runs out. The hand-back counts an
+attempt, as any fail: an event on its last attempt is dead after it.
+
+What the database refuses in a fail does not end the worker: the error's
+text is cleaned first (no NUL, what the connection's encoding cannot carry
+replaced, at most MAX_ERROR_CHARS), RetryLater's delay is clamped to 0 ..
+MAX_RETRY_IN, and a fail still refused is made again with a plain message
+and the queue's backoff. A slot whose connection was lost (the heartbeat's
+extend failed, or the server ended the session while it was idle) is
+reconnected before it is given another claim. Any other SQL error while
+ending a claim's events leaves them to their lease (another worker takes
+them over then) and the worker goes on. A lost connection of the main loop
+(which claims), or a slot that cannot reconnect, ends run() with the error:
+run it under a supervisor that restarts it (its claims are taken over when
+their leases end).
 """
 from __future__ import annotations
 
@@ -37,19 +53,29 @@ import datetime
 import logging
 import os
 import queue as queue_module
+import math
 import select
 import signal
 import socket
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from ._conn import Connect, Seconds, connect, interval, seconds
+from ._conn import Connect, Seconds, connect, integer, interval, positive, seconds
 
 log = logging.getLogger("pg_throttle.worker")
+
+#: The longest retry delay: RetryLater clamps a longer one (run_at must stay
+#: in PostgreSQL's timestamp range), and Worker refuses a longer retry_in.
+MAX_RETRY_IN = datetime.timedelta(days=36525)
+
+#: The longest error text given to throttle.fail, in characters.
+MAX_ERROR_CHARS = 4000
+_TRUNCATED = " ...[truncated]"
 
 #: An event: a dict of throttle.event's columns (id, queue, item_key,
 #: group_key, payload, attempts, claim_token, ...).
@@ -62,13 +88,49 @@ class Cancelled(Exception):
     handed back unless the claim was lost."""
 
 
+def retry_delay(value: Seconds) -> datetime.timedelta:
+    """A retry delay (seconds or a timedelta) clamped to 0 .. MAX_RETRY_IN: a
+    negative one means now, an infinite or huge one the longest. TypeError
+    when not a number or a timedelta, ValueError for NaN."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if math.isnan(value):
+            raise ValueError("retry_in must be a number of seconds, not NaN")
+        value = min(max(value, 0), MAX_RETRY_IN.total_seconds())
+    return min(max(interval(value, "retry_in"), datetime.timedelta(0)), MAX_RETRY_IN)
+
+
+def _safe_str(value: Any) -> str:
+    try:
+        return str(value)
+    except Exception as e:  # noqa: BLE001 - a __str__ that raises must not end the worker
+        return f"<str() raised {type(e).__name__}>"
+
+
+def _ascii(text: str) -> str:
+    return text.replace("\x00", "").encode("ascii", "replace").decode("ascii")
+
+
+def error_text(error: BaseException, encoding: str = "utf-8") -> str:
+    """"Type: message" for throttle.fail, as PostgreSQL can store it: NUL
+    removed, at most MAX_ERROR_CHARS characters, and what `encoding` (the
+    connection's) cannot carry (a lone surrogate, say) replaced by "?"."""
+    text = f"{type(error).__name__}: {_safe_str(error)}".replace("\x00", "")
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[:MAX_ERROR_CHARS - len(_TRUNCATED)] + _TRUNCATED
+    try:
+        return text.encode(encoding, "replace").decode(encoding)
+    except LookupError:
+        return _ascii(text)
+
+
 class RetryLater(Exception):
     """Raised by a handler to fail the event(s) with a retry delay of its own
-    (seconds or a timedelta) instead of the worker's retry_in."""
+    (seconds or a timedelta) instead of the worker's retry_in; a negative
+    delay is taken as 0 (now), an infinite or longer one as MAX_RETRY_IN."""
 
     def __init__(self, retry_in: Seconds, message: str = "retry later"):
         super().__init__(message)
-        self.retry_in = interval(retry_in)
+        self.retry_in = retry_delay(retry_in)
 
 
 class Context:
@@ -78,7 +140,9 @@ class Context:
     token / fence: the claim's claim_token, a fence token (greater than any
     handed out before it) to pass to systems that reject stale writers;
     events: every event of the claim; lost: a threading.Event set when the
-    claim was lost (never complete: another worker may have the events);
+    claim was lost (never complete: another worker may have the events), or
+    given up by the worker (handed back after abort_grace, or left to its
+    lease after an error in the database);
     cancelled: a threading.Event set when the claim was lost or the worker is
     aborting: long work should check it (or wait on it) and raise Cancelled.
     """
@@ -125,9 +189,13 @@ class _Slot:
     def __init__(self, worker: "Worker", index: int):
         self.worker, self.index = worker, index
         self.conn: Optional[psycopg.Connection] = None
-        self.lock = threading.Lock()
+        # Reentrant: the hand-back of a stuck claim (Worker._give_up) holds it
+        # across the fails it runs, so that the slot's own thread cannot end
+        # the claim's events in between.
+        self.lock = threading.RLock()
         self.inbox: "queue_module.SimpleQueue[Optional[List[Event]]]" = queue_module.SimpleQueue()
         self.cancel: Optional[threading.Event] = None    # the current claim's
+        self.claim: Optional[_Claim] = None              # the current claim
         self.thread = threading.Thread(target=self.run, name=f"pg_throttle-worker-{index}", daemon=True)
 
     def call(self, statement: str, params=None):
@@ -141,6 +209,14 @@ class _Slot:
                 return
             try:
                 self.worker._work_on(self, events)
+            except psycopg.Error as e:
+                # A complete or fail the database did not take (the connection
+                # was lost, or it refused even the plain retry of a fail): the
+                # claim's events are left to their lease, and another worker
+                # takes them over then. The worker goes on; a lost connection
+                # is reopened before this slot is given another claim.
+                log.error("worker %s: ending the events of a claim failed (%s: %s): they are left to their "
+                          "lease", self.worker.name, type(e).__name__, _safe_str(e))
             except BaseException as e:  # noqa: BLE001 - ends the worker, as run() says
                 self.worker._failed(e)
             finally:
@@ -161,15 +237,16 @@ class _Heartbeat(threading.Thread):
         every = worker.lease.total_seconds() / 3
         while not self.stopped.wait(every):
             with self.slot.lock:
-                if self.stopped.is_set() or not self.claim.held:
+                if self.stopped.is_set() or self.claim.lost.is_set() or not self.claim.held:
                     return
                 try:
                     renewed = self.slot.call("SELECT throttle.extend(%s, %s, %s)",
                                              (self.claim.held, self.claim.token, worker.lease))
                 except psycopg.Error as e:
                     # Cannot tell whether the lease holds: better stop than
-                    # work on events another worker may have by now.
-                    log.error("extend failed: %s", e)
+                    # work on events another worker may have by now. (A lost
+                    # connection is reopened before the slot's next claim.)
+                    log.error("extend failed: %s", _safe_str(e))
                     renewed = -1
                 if renewed < len(self.claim.held):
                     log.warning("claim %s lost (extend renewed %s of %s events): stopping its work",
@@ -196,14 +273,20 @@ class Worker:
     events per claim (default 1 for claim, as throttle.claim's own default;
     every due event of the group for claim_group). lease: seconds (or a timedelta) a claim holds without
     extend. poll: seconds between claims when no NOTIFY comes. retry_in:
-    seconds before a failed event is retried (None: the queue's backoff).
+    seconds before a failed event is retried (None: the queue's backoff; 0 to
+    MAX_RETRY_IN).
     name: the worker's name in claimed_by and completed_by (default
     host:pid). listen: LISTEN on the queue's channel (off behind a pooler in
     transaction mode: poll only). install_signal_handlers: run() handles
     SIGTERM and SIGINT (run() must then be called in the main thread): the
     first finishes the claims held (or hands them back, with
     on_term="handback"), the second hands them back. on_ready(worker): called
-    by run() once it listens and is about to claim.
+    by run() once it listens and is about to claim. abort_grace: seconds an
+    aborted handler has to return before run() hands its events back itself
+    and returns without it.
+
+    Options are checked here: TypeError or ValueError rather than a failure
+    inside run().
     """
 
     HANDED_BACK = "worker stopping: handed back"
@@ -213,20 +296,24 @@ class Worker:
                  lease: Seconds = 30, poll: Seconds = 60, retry_in: Optional[Seconds] = None,
                  name: Optional[str] = None, batch: bool = False, listen: bool = True,
                  install_signal_handlers: bool = False, on_term: str = "finish",
-                 on_ready: Optional[Callable[["Worker"], Any]] = None):
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
-        if max is not None and max < 1:
-            raise ValueError("max must be at least 1 (or None)")
+                 on_ready: Optional[Callable[["Worker"], Any]] = None, abort_grace: Seconds = 2):
+        if not callable(handler):
+            raise TypeError("handler must be callable")
+        integer(concurrency, "concurrency", 1)
+        if max is not None:
+            integer(max, "max", 1)
         if on_term not in ("finish", "handback"):
             raise ValueError("on_term must be 'finish' or 'handback'")
         self.queue, self.handler, self.conninfo = queue, handler, conninfo
         self.groups, self.concurrency, self.max, self.batch = groups, concurrency, max, batch
-        self.lease = interval(lease)
-        if self.lease <= datetime.timedelta(0):
-            raise ValueError("lease must be positive")
-        self.poll = seconds(poll)
-        self.retry_in = None if retry_in is None else interval(retry_in)
+        self.lease = positive(lease, "lease")
+        self.poll = positive(poll, "poll").total_seconds()
+        self.retry_in = None if retry_in is None else interval(retry_in, "retry_in")
+        if self.retry_in is not None and not datetime.timedelta(0) <= self.retry_in <= MAX_RETRY_IN:
+            raise ValueError(f"retry_in must be 0 to {MAX_RETRY_IN.days} days (or None), not {retry_in}")
+        self.abort_grace = interval(abort_grace, "abort_grace").total_seconds()
+        if self.abort_grace < 0:
+            raise ValueError(f"abort_grace must be 0 or more, not {abort_grace}")
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.listen = listen
         self.install_signal_handlers, self.on_term, self.on_ready = install_signal_handlers, on_term, on_ready
@@ -236,6 +323,7 @@ class Worker:
         self.error: Optional[BaseException] = None
         self._stopping = threading.Event()       # claim no more
         self._hard_stop = threading.Event()      # hand back what is held, now
+        self._abort_at: Optional[float] = None   # when (time.monotonic()), for abort_grace
         self._hinted = False                     # a NOTIFY came in during a statement
         self._mutex = threading.Lock()
         self._idle: List[_Slot] = []
@@ -255,10 +343,13 @@ class Worker:
 
     def stop(self, abort: bool = False, wait: bool = True) -> None:
         """Claim no more; with abort, also cancel the work and hand back
-        what is held. With wait (and a worker started by start(), stopped
-        from another thread), returns once it has stopped. Safe to call from
-        a signal handler with wait=False."""
+        what is held (run() does it itself for a handler still running
+        abort_grace seconds later). With wait (and a worker started by
+        start(), stopped from another thread), returns once it has stopped.
+        Safe to call from a signal handler with wait=False."""
         if abort:
+            if self._abort_at is None:
+                self._abort_at = time.monotonic()
             self._hard_stop.set()
             for slot in self._slots:
                 cancel = slot.cancel
@@ -307,7 +398,13 @@ class Worker:
         except OSError:             # full (it will wake anyway) or closed
             pass
 
-    def _on_signal(self, _signum, _frame) -> None:
+    def _on_signal(self, signum, _frame) -> None:
+        if self._hard_stop.is_set():
+            # Already aborting: the signal's default action, at once (the
+            # events not yet handed back are taken over after their lease).
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         self.stop(abort=self.stopping or self.on_term == "handback", wait=False)
 
     # --- the main loop ---------------------------------------------------
@@ -342,11 +439,11 @@ class Worker:
             self._stopping.set()
             for slot in self._slots:
                 slot.inbox.put(None)
+            self._join_slots()
             for slot in self._slots:
-                if slot.thread.is_alive():
-                    slot.thread.join()
-                if slot.conn is not None:
-                    slot.conn.close()
+                with slot.lock:     # a slot left behind ends nothing on it any more (_give_up)
+                    if slot.conn is not None:
+                        slot.conn.close()
             if conn is not None:
                 conn.close()
             for signum, handler in previous.items():
@@ -367,6 +464,7 @@ class Worker:
                 self._wait(None, None)
                 continue
             try:
+                self._check_connection(slot)    # never claim for a slot that cannot complete
                 events = self._claim(conn)
             except BaseException:
                 with self._mutex:
@@ -396,13 +494,71 @@ class Worker:
             except (BlockingIOError, OSError):
                 pass
 
+    def _join_slots(self) -> None:
+        """Waits for the slots' threads to end; once abort_grace has passed
+        since an abort, hands back the claims of those still running instead
+        and returns without them."""
+        while True:
+            busy = [slot for slot in self._slots if slot.thread.is_alive()]
+            if not busy:
+                return
+            if self._hard_stop.is_set() and time.monotonic() >= (self._abort_at or 0) + self.abort_grace:
+                for slot in busy:
+                    self._give_up(slot)
+                return
+            busy[0].thread.join(0.05)
+
+    def _give_up(self, slot: _Slot) -> None:
+        """Hands back the events of a claim whose handler did not return
+        within abort_grace, and makes sure nothing ends them afterwards: the
+        claim is marked lost under the slot's lock, which the heartbeat and
+        every complete or fail take first."""
+        claim = slot.claim
+        if claim is None:
+            return
+        with slot.lock:
+            if claim.lost.is_set() or not claim.held:
+                return
+            log.warning("worker %s: a handler did not return %s s after the abort: handing back its claim's "
+                        "%s event(s) and leaving its thread", self.name, self.abort_grace, len(claim.held))
+            try:
+                self._hand_back(slot, claim)
+            except psycopg.Error as e:
+                log.error("worker %s: handing back failed (%s): the events are left to their lease",
+                          self.name, _safe_str(e))
+            claim.lost.set()
+
+    def _check_connection(self, slot: _Slot) -> None:
+        """Reconnects an idle slot whose connection is lost: closed, broken
+        (a statement on it failed so), or readable while idle, which is the
+        server's goodbye (or EOF) when a ping says so. Raises when it cannot
+        reconnect."""
+        conn = slot.conn
+        if conn is not None and not conn.closed and not conn.broken:
+            try:
+                readable = select.select([conn.fileno()], [], [], 0)[0]
+            except (OSError, ValueError):
+                readable = True
+            if not readable:
+                return
+            try:
+                conn.execute("SELECT 1")
+                return
+            except psycopg.Error:
+                pass
+        log.warning("worker %s: the connection of slot %s was lost: reconnecting", self.name, slot.index)
+        if conn is not None:
+            conn.close()
+        slot.conn = None
+        slot.conn = connect(self.conninfo)
+
     def _slot_free(self, slot: _Slot) -> None:
         with self._mutex:
             self._idle.append(slot)
         self._wake()
 
     def _failed(self, error: BaseException) -> None:
-        log.error("worker %s: %s: %s", self.name, type(error).__name__, error)
+        log.error("worker %s: %s: %s", self.name, type(error).__name__, _safe_str(error))
         if self._fatal is None:
             self._fatal = error
         self.stop(wait=False)
@@ -424,10 +580,27 @@ class Worker:
         retry_in) for events of the claim, unless the claim was lost; how many
         it ended (-1: lost before)."""
         placeholders = ", ".join(["%s"] * (2 + len(extra)))
+        statement = f"SELECT throttle.{function}({placeholders})"
         with slot.lock:
             if claim.lost.is_set():
                 return -1
-            ended = slot.call(f"SELECT throttle.{function}({placeholders})", (ids, claim.token, *extra))
+            ids = [event_id for event_id in ids if event_id in claim.held]
+            if not ids:
+                return -1
+            try:
+                ended = slot.call(statement, (ids, claim.token, *extra))
+            except (psycopg.DataError, psycopg.ProgrammingError, ValueError) as e:
+                # The error's text or the delay refused, though cleaned: fail
+                # once more with a plain message and the queue's backoff, so
+                # that the event cannot end every worker that claims it.
+                if function != "fail" or slot.conn.closed or slot.conn.broken:
+                    raise
+                sqlstate = getattr(e, "sqlstate", None)
+                reason = f"SQLSTATE {sqlstate}" if sqlstate else type(e).__name__
+                message = f"{_ascii(str(extra[0]).split(':', 1)[0])} (its error could not be recorded: {reason})"
+                log.error("throttle.fail refused the error of event(s) %s (%s): failing with %r and the queue's "
+                          "backoff instead", ids, _safe_str(e), message)
+                ended = slot.call(statement, (ids, claim.token, message, None))
             for event_id in ids:
                 claim.held.remove(event_id)
         return ended
@@ -465,25 +638,51 @@ class Worker:
 
     def _hand_back(self, slot: _Slot, claim: _Claim) -> None:
         """Gives back every event the claim still holds, due again at once
-        (retry_in 0) for another worker; the claim is over afterwards."""
-        if claim.lost.is_set() or not claim.held:
-            return
-        zero = datetime.timedelta(0)
-        # The first event on its own: in a group in strict order its fail
-        # sends the later ones back to pending without counting an attempt.
-        self._end_one(slot, claim, claim.held[0], "fail", self.HANDED_BACK, zero)
-        rest = list(claim.held)
-        if claim.lost.is_set() or not rest:
-            return
-        ended = self._end(slot, claim, rest, "fail", self.HANDED_BACK, zero)
-        if 0 <= ended < len(rest):
-            log.info("claim %s: %s of its %s later events were no longer held (in a group in strict order "
-                     "the first one's fail sent them back to pending; else the lease ended)",
-                     claim.token, len(rest) - ended, len(rest))
+        (retry_in 0) for another worker; the claim is over afterwards. Under
+        the slot's lock throughout: run() may hand back a stuck claim from
+        its own thread (_give_up) while the slot's thread hands it back too."""
+        with slot.lock:
+            if claim.lost.is_set() or not claim.held:
+                return
+            zero = datetime.timedelta(0)
+            # The first event on its own: in a group in strict order its fail
+            # sends the later ones back to pending without counting an attempt.
+            self._end_one(slot, claim, claim.held[0], "fail", self.HANDED_BACK, zero)
+            rest = list(claim.held)
+            if claim.lost.is_set() or not rest:
+                return
+            ended = self._end(slot, claim, rest, "fail", self.HANDED_BACK, zero)
+            if 0 <= ended < len(rest):
+                log.info("claim %s: %s of its %s later events were no longer held (in a group in strict order "
+                         "the first one's fail sent them back to pending; else the lease ended)",
+                         claim.token, len(rest) - ended, len(rest))
 
-    def _fail_args(self, error: Exception):
-        retry_in = error.retry_in if isinstance(error, RetryLater) else self.retry_in
-        return f"{type(error).__name__}: {error}", retry_in
+    def _hand_back_before_raising(self, slot: _Slot, claim: _Claim, error: BaseException) -> None:
+        """A handler raised SystemExit, KeyboardInterrupt or another
+        BaseException, which ends the worker: its events are handed back first
+        rather than left claimed until their lease ends."""
+        log.error("worker %s: a handler raised %s: handing back its claim's events, then ending",
+                  self.name, type(error).__name__)
+        try:
+            self._hand_back(slot, claim)
+        except Exception as e:  # noqa: BLE001 - the handler's exception is the one to raise
+            log.error("worker %s: handing back failed (%s): the events are left to their lease",
+                      self.name, _safe_str(e))
+
+    def _fail_args(self, slot: _Slot, error: Exception):
+        """throttle.fail's error and retry_in for a handler's exception, both
+        such as the database takes (error_text, retry_delay)."""
+        retry_in = self.retry_in
+        if isinstance(error, RetryLater):
+            try:
+                retry_in = retry_delay(error.retry_in)
+            except (TypeError, ValueError) as e:      # a retry_in changed after RetryLater() checked it
+                log.error("RetryLater's retry_in is no delay (%s): the worker's retry_in instead", e)
+        try:
+            encoding = slot.conn.info.encoding
+        except Exception:  # noqa: BLE001 - a closed connection: the fail will say so
+            encoding = "utf-8"
+        return error_text(error, encoding), retry_in
 
     def _work_on(self, slot: _Slot, events: List[Event]) -> None:
         claim = _Claim(events[0]["claim_token"], [e["id"] for e in events])
@@ -491,6 +690,7 @@ class Worker:
         # stop(abort=True), read by the work. Published before hard_stop is
         # read, so that an abort in between is not missed.
         cancel = slot.cancel = threading.Event()
+        slot.claim = claim
         if self._hard_stop.is_set():
             cancel.set()
         context = Context(self, claim, cancel, events)
@@ -512,10 +712,14 @@ class Worker:
                     self._hand_back(slot, claim)
                     break
                 except Exception as e:  # noqa: BLE001 - any error of the work fails the event
-                    log.info("event %s failed: %s", event["id"], e)
-                    self._end_one(slot, claim, event["id"], "fail", *self._fail_args(e))
+                    error, retry_in = self._fail_args(slot, e)
+                    log.info("event %s failed: %s", event["id"], error)
+                    self._end_one(slot, claim, event["id"], "fail", error, retry_in)
                     if event["group_key"] is not None and not self._still_held(slot, claim):
                         break       # the rest is another claim's now: never handle it here
+                except BaseException as e:
+                    self._hand_back_before_raising(slot, claim, e)
+                    raise
                 else:
                     # Not if the claim was lost meanwhile: the event may be
                     # running elsewhere already.
@@ -524,6 +728,7 @@ class Worker:
             heartbeat.stopped.set()
             heartbeat.join()
             slot.cancel = None
+            slot.claim = None
 
     def _work_on_batch(self, slot: _Slot, claim: _Claim, cancel: threading.Event, events: List[Event],
                        context: Context) -> None:
@@ -536,17 +741,43 @@ class Worker:
             self._hand_back(slot, claim)
             return
         except Exception as e:  # noqa: BLE001 - any error of the work fails the claim's events
-            log.info("claim %s (%s events) failed: %s", claim.token, len(events), e)
-            ids = list(claim.held)
-            ended = self._end(slot, claim, ids, "fail", *self._fail_args(e))
-            if 0 <= ended < len(ids):
-                log.info("claim %s: fail ended %s of its %s events (in a group in strict order the first "
-                         "one's fail sends the later ones back to pending; else the lease ended)",
-                         claim.token, ended, len(ids))
+            error, retry_in = self._fail_args(slot, e)
+            log.info("claim %s (%s events) failed: %s", claim.token, len(events), error)
+            self._fail_batch(slot, claim, events, error, retry_in)
             return
+        except BaseException as e:
+            self._hand_back_before_raising(slot, claim, e)
+            raise
         ids = list(claim.held)
         ended = self._end(slot, claim, ids, "complete")
         if 0 <= ended < len(ids):
             claim.lost.set()
             log.warning("claim %s: complete ended %s of its %s events, the claim was lost",
                         claim.token, ended, len(ids))
+
+    def _fail_batch(self, slot: _Slot, claim: _Claim, events: List[Event], error: str, retry_in) -> None:
+        """Fails a batch's events. Out of groups, in one fail (a fail hands
+        nothing back there). In a group, as the one-at-a-time path does: the
+        first held event alone, since in a group kept in strict order its fail
+        sends the later ones back to pending, their attempt not counted (one
+        fail of them all would count an attempt on each, and kill those on
+        their last); then extend tells whether the claim still holds the
+        rest, which are failed only then."""
+        if events[0]["group_key"] is None:
+            ids = list(claim.held)
+            ended = self._end(slot, claim, ids, "fail", error, retry_in)
+            if 0 <= ended < len(ids):
+                claim.lost.set()
+                log.warning("claim %s: fail ended %s of its %s events, the claim was lost",
+                            claim.token, ended, len(ids))
+            return
+        if not claim.held:
+            return
+        self._end_one(slot, claim, claim.held[0], "fail", error, retry_in)
+        if claim.held and self._still_held(slot, claim):
+            rest = list(claim.held)
+            ended = self._end(slot, claim, rest, "fail", error, retry_in)
+            if 0 <= ended < len(rest):
+                claim.lost.set()
+                log.warning("claim %s: fail ended %s of its %s later events, the claim was lost",
+                            claim.token, ended, len(rest))
