@@ -12,7 +12,7 @@ const http = require('node:http');
 const path = require('node:path');
 const puppeteer = require('puppeteer-core');
 
-const { createSetup, seed, start, one } = require('../testing/helpers');
+const { createSetup, seed, start, one, request } = require('../testing/helpers');
 
 const CHROMIUM = process.env.CHROMIUM_PATH || '/usr/bin/chromium';
 
@@ -307,5 +307,40 @@ window.results = {};
       evil.close(resolve);
       evil.closeAllConnections();
     });
+  }
+});
+
+// What the page says of a section it could not read (by SQLSTATE) and of a
+// list the server cut at its limit: the overview is the server's, with a few
+// sections replaced.
+test('the page says why a section could not be read, and when a list was cut', async () => {
+  const real = (await request(op, { path: '/api/overview' })).json;
+  const fake = {
+    ...real,
+    queues: { error: { code: '57014', message: 'canceling statement due to statement timeout' } },
+    locks: { error: { code: '42501', message: 'permission denied for view locks' } },
+    recurring: { error: { code: 'XX000', message: 'something broke' } },
+    pauses: { ...real.pauses, limit: real.pauses.rows.length },
+  };
+  assert.ok(real.pauses.rows.length > 0);
+  const page = await browser.newPage();
+  try {
+    await page.setRequestInterception(true);
+    page.on('request', (r) => {
+      if (new URL(r.url()).pathname === '/api/overview') {
+        r.respond({ status: 200, contentType: 'application/json', body: JSON.stringify(fake) });
+      } else r.continue();
+    });
+    await page.goto(op.url, { waitUntil: 'load' });
+    await page.waitForSelector('body[data-renders]');
+    const text = (id) => page.$eval(`#${id} .body`, (e) => e.textContent);
+    assert.equal(await text('queues'),
+      'Reading this took longer than the statement timeout: canceling statement due to statement timeout (SQLSTATE 57014)');
+    assert.equal(await text('locks'), `Role ${setup.roles.op} may not read this: permission denied for view locks (SQLSTATE 42501)`);
+    assert.equal(await text('recurring'), 'Could not read this: something broke (SQLSTATE XX000)');
+    assert.match(await text('pauses'), new RegExp(`The first ${real.pauses.rows.length} shown; there may be more\\.$`));
+    assert.doesNotMatch(await text('pending'), /shown; there may be more/);
+  } finally {
+    await page.close();
   }
 });
