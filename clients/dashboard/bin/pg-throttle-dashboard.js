@@ -3,6 +3,7 @@
 // pg-throttle-dashboard [--database URL] [--host 127.0.0.1] [--port 8089] [--allow-host NAME]...
 const { parseArgs } = require('node:util');
 const { createDashboard, VersionError } = require('../lib/server');
+const { isLoopback } = require('../lib/security');
 
 const USAGE = `usage: pg-throttle-dashboard [--database URL] [--host HOST] [--port PORT] [--allow-host NAME]...
 
@@ -61,10 +62,19 @@ async function main() {
     process.exit(1);
   }
   process.stdout.write(`listening on ${dashboard.url}\n`);
+  if (!isLoopback(values.host.toLowerCase())) {
+    process.stderr.write(`pg-throttle-dashboard: WARNING: listening on ${values.host}, not a loopback address: ` +
+      'the dashboard has no login, so anyone who can reach this port reads the database and takes the actions ' +
+      'as its database role. Keep it on 127.0.0.1 and reach it through an SSH ' +
+      'tunnel, or a reverse proxy with its own authentication (--allow-host).\n');
+  }
   let stopping = false;
   const stop = () => {
     if (stopping) process.exit(0);
     stopping = true;
+    // close() refuses the requests waiting for a connection and ends the
+    // queries in flight; should anything still hang, exit anyway.
+    setTimeout(() => process.exit(0), 3000).unref();
     dashboard.close().then(() => process.exit(0), () => process.exit(0));
   };
   process.on('SIGINT', stop);

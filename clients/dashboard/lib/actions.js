@@ -13,6 +13,10 @@ class BadRequest extends Error {
   }
 }
 
+function quote(s) {
+  return `'${String(s).replace(/'/g, "''")}'`;
+}
+
 function bytes(s) {
   return Buffer.byteLength(s, 'utf8');
 }
@@ -38,6 +42,7 @@ function text(body, field, { max, optional = false } = {}) {
   return v;
 }
 
+// `pool`: anything with connect() handing out node-postgres clients.
 // Runs `sql` on a client of its own, collecting the NOTICEs it raises (the
 // reason pg_throttle gives when cancel, pause or resume change nothing).
 async function call(pool, sql, params) {
@@ -79,14 +84,52 @@ const ACTIONS = {
     return { status: 409, body: { ok: false, error: `event ${id} was not retried: its item_key has a newer run, pending or claimed` } };
   },
 
-  // throttle.cancel(queue, item_key): a pending event only.
+  // throttle.cancel(queue, item_key), for the event the page's row shows: the
+  // id it sends must be the key's pending event, or nothing is cancelled
+  // (409): a stale row never cancels a newer run of the same key. One
+  // REPEATABLE READ transaction: cancel acts on the rows of the snapshot the
+  // check read, where the key's pending event is that id (event_pending_key
+  // allows one); if that event changed since, the database refuses (40001).
   async cancel(pool, body) {
-    const queue = text(body, 'queue', { max: 63 });
-    const itemKey = text(body, 'item_key');
-    const { rows, notices } = await call(pool, 'SELECT throttle.cancel($1, $2) AS cancelled', [queue, itemKey]);
-    if (rows[0].cancelled) return { status: 200, body: { ok: true, message: 'the event is cancelled' } };
-    const missing = notices.some((n) => n.includes('has no event with that item_key'));
-    return { status: missing ? 404 : 409, body: { ok: false, error: notices.join('\n') || 'nothing was cancelled' } };
+    const id = eventId(body);
+    const queue = text(body, 'queue', { max: 63, optional: true });
+    const itemKey = text(body, 'item_key', { optional: true });
+    const client = await pool.connect();
+    const notices = [];
+    const onNotice = (n) => notices.push(n.message + (n.hint ? ` (${n.hint})` : ''));
+    client.on('notice', onNotice);
+    let broken;
+    try {
+      await client.query('BEGIN ISOLATION LEVEL REPEATABLE READ');
+      const { rows: [event] } = await client.query(
+        'SELECT queue, item_key, state, claimed_by FROM throttle.all_events WHERE id = $1::bigint', [id]);
+      let refusal = null;
+      if (!event) refusal = { status: 404, error: `no event ${id}` };
+      else if ((queue !== null && queue !== event.queue) || (itemKey !== null && itemKey !== event.item_key)) {
+        refusal = { status: 409, error: `event ${id} is not ${JSON.stringify(itemKey)} of queue ${JSON.stringify(queue)}` };
+      } else if (event.state !== 'pending') {
+        const by = event.state === 'claimed' && event.claimed_by !== null ? ` by ${quote(event.claimed_by)}` : '';
+        refusal = { status: 409, error: `event ${id} is ${event.state}${by}, not pending: nothing was cancelled (reload the page)` };
+      }
+      if (refusal) {
+        await client.query('ROLLBACK');
+        return { status: refusal.status, body: { ok: false, error: refusal.error } };
+      }
+      const { rows } = await client.query('SELECT throttle.cancel($1, $2) AS cancelled', [event.queue, event.item_key]);
+      await client.query('COMMIT');
+      if (rows[0].cancelled) return { status: 200, body: { ok: true, message: `event ${id} is cancelled` } };
+      return { status: 409, body: { ok: false, error: notices.join('\n') || 'nothing was cancelled' } };
+    } catch (e) {
+      await client.query('ROLLBACK').catch(() => {});
+      if (!isSqlError(e)) broken = e;
+      if (e.code === '40001') {
+        return { status: 409, body: { ok: false, error: `event ${id} changed meanwhile (claimed, done or cancelled): nothing was cancelled (reload the page)` } };
+      }
+      throw e;
+    } finally {
+      client.removeListener('notice', onNotice);
+      client.release(broken);
+    }
   },
 
   async pause(pool, body) {

@@ -4,7 +4,10 @@
 // Counts are bigint, which node-postgres returns as strings: they are turned
 // into numbers (counts stay far below 2^53); ids stay strings.
 
-const LIMITS = { dead: 200, pending: 100, groups: 500, error: 2000 };
+// Rows shown at most per list; the page says when a list is cut.
+const LIMITS = {
+  dead: 200, pending: 100, groups: 500, queues: 500, pauses: 500, recurring: 500, locks: 500, error: 2000,
+};
 
 function num(v) {
   return v === null || v === undefined ? null : Number(v);
@@ -54,8 +57,9 @@ async function permissions(client) {
 async function queues(client) {
   const { rows } = await client.query(
     `SELECT queue, due, scheduled, claimed, claims_expired, dead, oldest_due_seconds, paused, paused_groups
-       FROM throttle.queue_metrics ORDER BY queue`);
+       FROM throttle.queue_metrics ORDER BY queue LIMIT ${LIMITS.queues}`);
   return {
+    limit: LIMITS.queues,
     rows: rows.map((r) => ({
       queue: r.queue, due: num(r.due), scheduled: num(r.scheduled), claimed: num(r.claimed),
       claims_expired: num(r.claims_expired), dead: num(r.dead),
@@ -67,8 +71,8 @@ async function queues(client) {
 async function pauses(client) {
   const { rows } = await client.query(
     `SELECT queue, group_key, paused_at, paused_by FROM throttle.queue_pause
-      ORDER BY queue, group_key NULLS FIRST`);
-  return { rows };
+      ORDER BY queue, group_key NULLS FIRST LIMIT ${LIMITS.pauses}`);
+  return { rows, limit: LIMITS.pauses };
 }
 
 async function groups(client, ctx) {
@@ -76,20 +80,29 @@ async function groups(client, ctx) {
   const { rows } = await client.query(
     `SELECT queue, group_key, claimed_by, claimed_role::regrole::text AS claimed_role,
             count(*) AS events, min(claimed_at) AS claimed_at, max(lease_until) AS lease_until,
-            max(lease_until) < now() AS lease_ended
+            max(lease_until) < throttle.now() AS lease_ended
        FROM ${source} WHERE state = 'claimed' AND group_key IS NOT NULL
       GROUP BY queue, group_key, claimed_by, claimed_role
       ORDER BY queue, group_key, claimed_by LIMIT ${LIMITS.groups}`);
   return { rows: rows.map((r) => ({ ...r, events: num(r.events) })), limit: LIMITS.groups };
 }
 
+// The newest dead events first, ties by id as a number (d.id: the bigint
+// column, not the output column id::text). The LIMIT applies first, in the
+// subquery: left() and length() of last_error (detoasted) run on the rows
+// shown only, not on every dead event.
+const DEAD_SQL = `SELECT d.id::text AS id, d.queue, d.item_key, d.group_key, d.attempts, d.max_attempts,
+            d.completed_at AS died_at, d.completed_by, d.failed_at,
+            left(d.last_error, ${LIMITS.error}) AS last_error,
+            length(d.last_error) > ${LIMITS.error} AS error_truncated
+       FROM (SELECT id, queue, item_key, group_key, attempts, max_attempts, completed_at, completed_by,
+                    failed_at, last_error
+               FROM throttle.dead_events
+              ORDER BY completed_at DESC NULLS LAST, id DESC LIMIT ${LIMITS.dead}) d
+      ORDER BY d.completed_at DESC NULLS LAST, d.id DESC`;
+
 async function dead(client) {
-  const { rows } = await client.query(
-    `SELECT id::text AS id, queue, item_key, group_key, attempts, max_attempts,
-            completed_at AS died_at, completed_by, failed_at,
-            left(last_error, ${LIMITS.error}) AS last_error,
-            length(last_error) > ${LIMITS.error} AS error_truncated
-       FROM throttle.dead_events ORDER BY completed_at DESC NULLS LAST, id DESC LIMIT ${LIMITS.dead}`);
+  const { rows } = await client.query(DEAD_SQL);
   const total = await client.query('SELECT count(*) AS n FROM throttle.dead_events');
   return { rows, total: num(total.rows[0].n), limit: LIMITS.dead };
 }
@@ -97,9 +110,9 @@ async function dead(client) {
 async function pending(client, ctx) {
   const source = ctx.eventSource || 'throttle.all_events';
   const { rows } = await client.query(
-    `SELECT id::text AS id, queue, item_key, group_key, run_at, run_at <= now() AS due,
-            attempts, max_attempts, priority
-       FROM ${source} WHERE state = 'pending' ORDER BY run_at, id LIMIT ${LIMITS.pending}`);
+    `SELECT e.id::text AS id, e.queue, e.item_key, e.group_key, e.run_at, e.run_at <= throttle.now() AS due,
+            e.attempts, e.max_attempts, e.priority
+       FROM ${source} e WHERE e.state = 'pending' ORDER BY e.run_at, e.id LIMIT ${LIMITS.pending}`);
   return { rows, limit: LIMITS.pending };
 }
 
@@ -108,8 +121,8 @@ async function recurring(client) {
     `SELECT name, queue, cron, time_zone, enabled, last_firing, last_outcome,
             last_event_id::text AS last_event_id, last_event_state, next_firing,
             extract(epoch FROM behind)::float8 AS behind_seconds
-       FROM throttle.recurring_status ORDER BY name`);
-  return { rows };
+       FROM throttle.recurring_status ORDER BY name LIMIT ${LIMITS.recurring}`);
+  return { rows, limit: LIMITS.recurring };
 }
 
 // Server-wide per kind (throttle.registry_metrics: pg_read_all_stats) with the
@@ -122,14 +135,17 @@ async function registry(client, ctx) {
   try {
     const started = ctx.clock();
     const { rows } = await client.query(
-      `SELECT kind, entries, in_force, capacity, grants, denials, waiters
+      `SELECT kind, entries, in_force, capacity, grants, denials, waiters,
+              pg_postmaster_start_time()::text AS server_started
          FROM throttle.registry_metrics ORDER BY kind`);
     const at = (started + ctx.clock()) / 2;
     const metrics = rows.map((r) => ({
       kind: r.kind, entries: num(r.entries), in_force: num(r.in_force), capacity: num(r.capacity),
       grants: num(r.grants), denials: num(r.denials), waiters: num(r.waiters),
     }));
-    const rates = ctx.rates.observe(metrics, at);
+    // The counters start again with the server: a sample is compared only with
+    // one of the same start (an empty view: no counters, nothing to compare).
+    const rates = ctx.rates.observe(metrics, at, rows.length ? rows[0].server_started : null);
     for (const m of metrics) {
       const rate = rates.get(m.kind);
       m.grants_per_second = rate ? rate.grants_per_second : null;
@@ -178,8 +194,8 @@ async function locks(client) {
   // The fence token is left out: the page has no use for it.
   const { rows } = await client.query(
     `SELECT name, owner::text AS owner, holder, holder_pid, granted_at, expires_at, session, waiters
-       FROM throttle.locks ORDER BY name`);
-  return { rows };
+       FROM throttle.locks ORDER BY name LIMIT ${LIMITS.locks}`);
+  return { rows, limit: LIMITS.locks };
 }
 
 const SECTIONS = { queues, pauses, groups, dead, pending, recurring, registry, locks };
@@ -229,4 +245,4 @@ async function read(pool, names, state) {
   }
 }
 
-module.exports = { SECTIONS, ACTIONS, LIMITS, read, permissions, sqlError, isSqlError };
+module.exports = { SECTIONS, ACTIONS, LIMITS, DEAD_SQL, read, permissions, sqlError, isSqlError };

@@ -4,6 +4,11 @@
 // what a web page of another site could make a browser send:
 // - a Host header other than the address it listens on (DNS rebinding: a
 //   name the attacker controls resolving to 127.0.0.1);
+// - on a read (GET /api/...): a foreign Origin, a cross-site or same-site
+//   Sec-Fetch-Site, and a request without the header X-PGTD-Read (which the
+//   page sends, and which a page of another origin can only send after a CORS
+//   preflight the server never grants): each read is a database transaction,
+//   and any web page could otherwise make the dashboard run them at will;
 // - on an action: a foreign Origin or a cross-site Sec-Fetch-Site, a body
 //   other than JSON (which HTML forms cannot send), and a missing or wrong
 //   CSRF token: a random token per server start, set in a SameSite=Strict
@@ -12,6 +17,7 @@ const crypto = require('node:crypto');
 const net = require('node:net');
 
 const TOKEN_HEADER = 'x-csrf-token';
+const READ_HEADER = 'x-pgtd-read';
 
 function isLoopback(host) {
   return host === 'localhost' || host === '::1' || /^127\./.test(host);
@@ -45,7 +51,9 @@ class Guard {
     this.wildcard = isWildcard(host);
     this.allowed = new Set([hostPort(host, port)]);
     this.anyPort = new Set();
-    if (isLoopback(host)) {
+    // Bound to a loopback address or to every address, the machine's own
+    // loopback names reach it: no attacker controls what they resolve to.
+    if (isLoopback(host) || this.wildcard) {
       for (const h of ['localhost', '127.0.0.1', '::1']) this.allowed.add(hostPort(h, port));
     }
     for (const h of allowHosts) {
@@ -73,8 +81,9 @@ class Guard {
     return `${this.cookieName}=${this.token}; Path=/; SameSite=Strict`;
   }
 
-  // null when an action request may go on, else the reason to refuse it (403).
-  actionRefusal(req) {
+  // null when a request's Origin and Sec-Fetch-Site are the page's own (or
+  // absent: not a browser), else the reason to refuse it.
+  siteRefusal(req) {
     const origin = req.headers.origin;
     // The page's own origin: its Host (checked already), over http, or over
     // https behind a reverse proxy that passes the Host on.
@@ -85,12 +94,33 @@ class Guard {
     if (site !== undefined && site !== 'same-origin' && site !== 'none') {
       return `cross-site request refused: Sec-Fetch-Site is ${JSON.stringify(String(site).slice(0, 50))}`;
     }
+    return null;
+  }
+
+  // null when a read (GET /api/...) may go on, else the reason to refuse it (403).
+  readRefusal(req) {
+    const refusal = this.siteRefusal(req);
+    if (refusal) return refusal;
+    if (req.headers[READ_HEADER] === undefined) {
+      return 'the dashboard\'s API is read with the header X-PGTD-Read: 1 (which another site\'s page cannot send)';
+    }
+    return null;
+  }
+
+  // null when an action request may go on, else the reason to refuse it (403).
+  actionRefusal(req) {
+    const refusal = this.siteRefusal(req);
+    if (refusal) return refusal;
     const header = req.headers[TOKEN_HEADER];
-    const cookie = readCookie(req.headers.cookie, this.cookieName);
-    if (typeof header !== 'string' || cookie === null) {
+    // Every cookie of the token's name: a page of another port of the same
+    // host may have planted one (cookies do not keep ports apart), which the
+    // browser may send first. One holding the token is enough: the planted
+    // one cannot hold it, as only this server and its page know it.
+    const cookies = readCookies(req.headers.cookie, this.cookieName);
+    if (typeof header !== 'string' || cookies.length === 0) {
       return 'missing CSRF token: reload the dashboard\'s page (the X-CSRF-Token header must echo its cookie)';
     }
-    if (!same(header, this.token) || !same(cookie, this.token)) {
+    if (!same(header, this.token) || !cookies.some((c) => same(c, this.token))) {
       return 'wrong CSRF token: reload the dashboard\'s page (the dashboard was restarted?)';
     }
     return null;
@@ -103,13 +133,20 @@ function same(a, b) {
   return x.length === y.length && crypto.timingSafeEqual(x, y);
 }
 
-function readCookie(header, name) {
-  if (typeof header !== 'string') return null;
+// The values of every cookie called `name`, in the order the header gives them.
+function readCookies(header, name) {
+  const out = [];
+  if (typeof header !== 'string') return out;
   for (const part of header.split(';')) {
     const i = part.indexOf('=');
-    if (i > 0 && part.slice(0, i).trim() === name) return part.slice(i + 1).trim();
+    if (i > 0 && part.slice(0, i).trim() === name) out.push(part.slice(i + 1).trim());
   }
-  return null;
+  return out;
 }
 
-module.exports = { Guard, TOKEN_HEADER, parseHost, readCookie, isLoopback };
+function readCookie(header, name) {
+  const all = readCookies(header, name);
+  return all.length ? all[0] : null;
+}
+
+module.exports = { Guard, TOKEN_HEADER, READ_HEADER, parseHost, readCookie, readCookies, isLoopback, isWildcard };

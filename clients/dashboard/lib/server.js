@@ -14,6 +14,7 @@ const { SECTIONS, read, isSqlError } = require('./queries');
 const { runAction } = require('./actions');
 const { Guard } = require('./security');
 const { RateTracker } = require('./rates');
+const { Connections, ShuttingDown } = require('./connections');
 
 const BODY_LIMIT = 16 * 1024;
 const PUBLIC_DIR = path.join(__dirname, '..', 'public');
@@ -143,9 +144,10 @@ async function createDashboard(options = {}) {
     await pool.end().catch(() => {});
     throw e;
   }
+  const connections = new Connections(pool);
   const state = { rates: new RateTracker(1), clock: () => performance.now() };
   // A first sample of the registry's counters, so that the first page shows rates.
-  await read(pool, ['registry'], state).catch(() => {});
+  await read(connections, ['registry'], state).catch(() => {});
 
   let guard = null;
   const server = http.createServer((req, res) => {
@@ -154,6 +156,8 @@ async function createDashboard(options = {}) {
       let message;
       if (e instanceof HttpError) {
         [status, message] = [e.status, e.message];
+      } else if (e instanceof ShuttingDown || closing) {
+        [status, message] = [503, 'the dashboard is shutting down'];
       } else if (isSqlError(e)) {
         [status, message] = [500, e.message];
       } else if (isConnectionError(e)) {
@@ -190,9 +194,18 @@ async function createDashboard(options = {}) {
       await action(req, res, pathname.slice('/api/actions/'.length));
       return;
     }
+    // Anything but GET and HEAD, among them the CORS preflight (OPTIONS) of a
+    // page of another origin: 405, with no CORS header.
     if (req.method !== 'GET' && req.method !== 'HEAD') {
       sendJson(res, 405, { ok: false, error: `${req.method} is not allowed here` }, { Allow: 'GET, HEAD' });
       return;
+    }
+    if (pathname.startsWith('/api/')) {
+      // Every read is a database transaction: a page of another site must not
+      // make the dashboard run them (it could not read the answers, but could
+      // load the database and take the pool's connections).
+      const refusal = guard.readRefusal(req);
+      if (refusal) throw new HttpError(403, refusal);
     }
     if (Object.prototype.hasOwnProperty.call(files, pathname)) {
       const file = files[pathname];
@@ -203,16 +216,16 @@ async function createDashboard(options = {}) {
     if (pathname === '/api/overview') {
       // The name of the cookie holding the token (not the token): the page
       // may be behind a proxy on another port.
-      sendJson(res, 200, { csrf_cookie: guard.cookieName, ...(await read(pool, Object.keys(SECTIONS), state)) });
+      sendJson(res, 200, { csrf_cookie: guard.cookieName, ...(await read(connections, Object.keys(SECTIONS), state)) });
       return;
     }
     if (pathname === '/api/permissions') {
-      sendJson(res, 200, (await read(pool, [], state)).permissions);
+      sendJson(res, 200, (await read(connections, [], state)).permissions);
       return;
     }
     const section = pathname.startsWith('/api/') ? pathname.slice(5) : null;
     if (section && Object.prototype.hasOwnProperty.call(SECTIONS, section)) {
-      const out = await read(pool, [section], state);
+      const out = await read(connections, [section], state);
       sendJson(res, out[section].error ? (out[section].error.code === '42501' ? 403 : 500) : 200, out[section]);
       return;
     }
@@ -232,11 +245,12 @@ async function createDashboard(options = {}) {
     const type = String(req.headers['content-type'] || '');
     if (!/^application\/json\s*(;|$)/i.test(type)) throw new HttpError(415, 'the body must be JSON (Content-Type: application/json)');
     const body = parseJson(await readBody(req, BODY_LIMIT));
-    const result = await runAction(pool, name, body);
+    const result = await runAction(connections, name, body);
     log(`${result.status} ${name} ${JSON.stringify(body).slice(0, 300)}`);
     sendJson(res, result.status, result.body);
   }
 
+  let closing = null;
   await new Promise((resolve, reject) => {
     server.once('error', reject);
     server.listen(port, host, () => {
@@ -251,17 +265,20 @@ async function createDashboard(options = {}) {
   guard = new Guard({ host, port: bound, allowHosts: options.allowHosts || [] });
   const url = `http://${net.isIPv6(host) ? `[${host}]` : host}:${bound}/`;
 
-  let closing = null;
   return {
     server, pool, guard, url, port: bound,
+    // Stops at once: requests waiting for a connection are refused, queries in
+    // flight end with their connections, open HTTP connections are closed.
     close() {
       if (!closing) {
         closing = (async () => {
-          await new Promise((resolve) => {
+          const stopped = new Promise((resolve) => {
             server.close(() => resolve());
-            if (server.closeAllConnections) server.closeAllConnections();
           });
-          await pool.end().catch(() => {});
+          await connections.close();
+          if (server.closeAllConnections) server.closeAllConnections();
+          await stopped;
+          await connections.close();
         })();
       }
       return closing;

@@ -50,9 +50,20 @@
     return el('p', { class: kind || 'note' }, text);
   }
 
+  // What happened, by SQLSTATE: a privilege the role lacks, the statement
+  // timeout, or the database's message.
   function sectionError(section, role) {
     const e = section.error;
-    return note(`Role ${role} may not read this: ${e.message} (SQLSTATE ${e.code})`, 'error');
+    let text;
+    if (e.code === '42501') text = `Role ${role} may not read this: ${e.message}`;
+    else if (e.code === '57014') text = `Reading this took longer than the statement timeout: ${e.message}`;
+    else text = `Could not read this: ${e.message}`;
+    return note(`${text} (SQLSTATE ${e.code})`, 'error');
+  }
+
+  // A note when a list was cut at the server's limit.
+  function cut(s, text) {
+    return s.limit && s.rows.length >= s.limit ? note(text || `The first ${s.limit} shown; there may be more.`, 'note cut') : null;
   }
 
   // ---- formats ----
@@ -165,7 +176,8 @@
         },
       });
     }
-    return replace('queues', table(columns, s.rows, (r) => ({ 'data-queue': r.queue, class: r.paused ? 'paused' : null })));
+    return replace('queues', table(columns, s.rows, (r) => ({ 'data-queue': r.queue, class: r.paused ? 'paused' : null })),
+      cut(s, `The first ${s.limit} queues by name shown; there may be more.`));
   }
 
   function drawPauses(data, can, role) {
@@ -185,7 +197,7 @@
         value: (r) => button('Resume', () => act('resume', { queue: r.queue, group_key: r.group_key }), { 'data-action': 'resume' }),
       });
     }
-    return replace('pauses', table(columns, s.rows, (r) => ({ 'data-queue': r.queue, 'data-group': r.group_key })));
+    return replace('pauses', table(columns, s.rows, (r) => ({ 'data-queue': r.queue, 'data-group': r.group_key })), cut(s));
   }
 
   function drawGroups(data, can, role) {
@@ -204,7 +216,7 @@
     ];
     return replace('groups', table(columns, s.rows, (r) => ({
       'data-queue': r.queue, 'data-group': r.group_key, class: r.lease_ended ? 'warn' : null,
-    })), s.rows.length >= s.limit ? note(`The first ${s.limit} shown.`) : null);
+    })), cut(s));
   }
 
   function drawDead(data, can, role) {
@@ -258,12 +270,13 @@
       columns.push({
         key: 'action',
         label: '',
-        value: (r) => button('Cancel', () => act('cancel', { queue: r.queue, item_key: r.item_key },
+        // The row's id: the server cancels that event only, never a newer run of its key.
+        value: (r) => button('Cancel', () => act('cancel', { id: r.id, queue: r.queue, item_key: r.item_key },
           `Cancel event ${r.id} ("${r.item_key}" in queue "${r.queue}")?`), { 'data-action': 'cancel' }),
       });
     }
     return replace('pending', table(columns, s.rows, (r) => ({ 'data-id': r.id, 'data-queue': r.queue })),
-      s.rows.length >= s.limit ? note(`The ${s.limit} that fall due first shown; the queues' counts are above.`) : null);
+      cut(s, `The ${s.limit} that fall due first shown; the queues' counts are above.`));
   }
 
   function drawRecurring(data, can, role) {
@@ -288,7 +301,7 @@
     ];
     return replace('recurring', table(columns, s.rows, (r) => ({
       'data-name': r.name, class: r.behind_seconds > 60 ? 'warn' : null,
-    })));
+    })), cut(s));
   }
 
   function drawRegistry(data, can, role) {
@@ -352,7 +365,7 @@
       { key: 'granted_at', label: 'granted at', value: (r) => time(r.granted_at) },
       { key: 'expires_at', label: 'expires at', value: (r) => (r.session ? 'held by its session' : time(r.expires_at)) },
       { key: 'waiters', label: 'waiters', num: true },
-    ], s.rows, (r) => ({ 'data-name': r.name })));
+    ], s.rows, (r) => ({ 'data-name': r.name })), cut(s));
   }
 
   function draw(data) {
@@ -380,7 +393,9 @@
     loading = true;
     const banner = document.getElementById('banner');
     try {
-      const res = await fetch('/api/overview', { credentials: 'same-origin', cache: 'no-store' });
+      // X-PGTD-Read: the server answers reads that carry it only (a page of
+      // another origin cannot send it without a CORS preflight, refused).
+      const res = await fetch('/api/overview', { credentials: 'same-origin', cache: 'no-store', headers: { 'X-PGTD-Read': '1' } });
       const data = await res.json().catch(() => ({ error: res.statusText }));
       if (!res.ok) throw new Error(data.error || `HTTP ${res.status}`);
       csrfCookie = data.csrf_cookie;

@@ -12,7 +12,7 @@ const http = require('node:http');
 const path = require('node:path');
 const puppeteer = require('puppeteer-core');
 
-const { createSetup, seed, start, one } = require('../testing/helpers');
+const { createSetup, seed, start, one, request } = require('../testing/helpers');
 
 const CHROMIUM = process.env.CHROMIUM_PATH || '/usr/bin/chromium';
 
@@ -105,7 +105,7 @@ test('the page loads and shows what the views hold, every value as text', async 
   assert.equal(queues.find((r) => r.attrs.queue === 'mail').cols.due.text, '4');
 
   const deadRows = await rows(page, '#dead');
-  const deadView = (await setup.db.query('SELECT id::text, item_key, last_error FROM throttle.dead_events ORDER BY completed_at DESC, id DESC')).rows;
+  const deadView = (await setup.db.query('SELECT d.id::text, d.item_key, d.last_error FROM throttle.dead_events d ORDER BY d.completed_at DESC, d.id DESC')).rows;
   assert.deepEqual(deadRows.map((r) => [r.attrs.id, r.cols.item_key.text, r.cols.last_error.text]),
     deadView.map((r) => [r.id, r.item_key, r.last_error]));
   assert.ok(deadRows.every((r) => r.buttons.join() === 'retry'));
@@ -130,7 +130,7 @@ test('the page loads and shows what the views hold, every value as text', async 
   const pauses = await rows(page, '#pauses');
   assert.deepEqual(pauses.map((r) => [r.attrs.queue, r.buttons.join()]), [['reports', 'resume']]);
   const pending = await rows(page, '#pending');
-  const pendingView = (await setup.db.query("SELECT id::text FROM throttle.event WHERE state = 'pending' ORDER BY run_at, id")).rows;
+  const pendingView = (await setup.db.query("SELECT e.id::text FROM throttle.event e WHERE e.state = 'pending' ORDER BY e.run_at, e.id")).rows;
   assert.deepEqual(pending.map((r) => r.attrs.id), pendingView.map((r) => r.id));
   assert.ok(pending.every((r) => r.buttons.join() === 'cancel'));
 
@@ -258,5 +258,89 @@ window.results = {};
       evil.close(resolve);
       evil.closeAllConnections();
     });
+  }
+});
+
+// Reads are database transactions: a page of another origin (here another
+// port: same-site; a public site is cross-site, refused the same way) firing
+// no-cors fetches, an image, and a fetch with the page's read header (which
+// needs a CORS preflight) makes the dashboard take no connection at all.
+test('a page of another origin cannot make the dashboard query the database', async () => {
+  const target = `${op.url}api/overview`;
+  let taken = 0;
+  const connect = op.pool.connect.bind(op.pool);
+  op.pool.connect = (...args) => {
+    taken += 1;
+    return connect(...args);
+  };
+  const evil = http.createServer((req, res) => {
+    res.writeHead(200, { 'Content-Type': 'text/html' });
+    res.end(`<!DOCTYPE html><html><body><script>
+window.results = {};
+(async () => {
+  const all = [];
+  for (let i = 0; i < 20; i += 1) {
+    all.push(fetch(${JSON.stringify(target)} + '?' + i, { mode: 'no-cors', credentials: 'include' }).catch(() => null));
+  }
+  await new Promise((resolve) => { const img = new Image(); img.onload = img.onerror = resolve; img.src = ${JSON.stringify(target)} + '?img'; });
+  try {
+    const r = await fetch(${JSON.stringify(target)}, { credentials: 'include', headers: { 'X-PGTD-Read': '1' } });
+    window.results.withHeader = r.status;
+  } catch (e) { window.results.withHeader = 'blocked'; }
+  await Promise.all(all);
+  window.results.done = true;
+})();
+</script></body></html>`);
+  });
+  await new Promise((resolve) => evil.listen(0, '127.0.0.1', resolve));
+  const page = await browser.newPage();
+  try {
+    await page.goto(`http://127.0.0.1:${evil.address().port}/`);
+    await page.waitForFunction(() => window.results && window.results.done === true, { timeout: 20000 });
+    assert.equal((await page.evaluate(() => window.results)).withHeader, 'blocked');
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    assert.equal(taken, 0, `another site's page made the dashboard open ${taken} read transactions`);
+  } finally {
+    op.pool.connect = connect;
+    await page.close();
+    await new Promise((resolve) => {
+      evil.close(resolve);
+      evil.closeAllConnections();
+    });
+  }
+});
+
+// What the page says of a section it could not read (by SQLSTATE) and of a
+// list the server cut at its limit: the overview is the server's, with a few
+// sections replaced.
+test('the page says why a section could not be read, and when a list was cut', async () => {
+  const real = (await request(op, { path: '/api/overview' })).json;
+  const fake = {
+    ...real,
+    queues: { error: { code: '57014', message: 'canceling statement due to statement timeout' } },
+    locks: { error: { code: '42501', message: 'permission denied for view locks' } },
+    recurring: { error: { code: 'XX000', message: 'something broke' } },
+    pauses: { ...real.pauses, limit: real.pauses.rows.length },
+  };
+  assert.ok(real.pauses.rows.length > 0);
+  const page = await browser.newPage();
+  try {
+    await page.setRequestInterception(true);
+    page.on('request', (r) => {
+      if (new URL(r.url()).pathname === '/api/overview') {
+        r.respond({ status: 200, contentType: 'application/json', body: JSON.stringify(fake) });
+      } else r.continue();
+    });
+    await page.goto(op.url, { waitUntil: 'load' });
+    await page.waitForSelector('body[data-renders]');
+    const text = (id) => page.$eval(`#${id} .body`, (e) => e.textContent);
+    assert.equal(await text('queues'),
+      'Reading this took longer than the statement timeout: canceling statement due to statement timeout (SQLSTATE 57014)');
+    assert.equal(await text('locks'), `Role ${setup.roles.op} may not read this: permission denied for view locks (SQLSTATE 42501)`);
+    assert.equal(await text('recurring'), 'Could not read this: something broke (SQLSTATE XX000)');
+    assert.match(await text('pauses'), new RegExp(`The first ${real.pauses.rows.length} shown; there may be more\\.$`));
+    assert.doesNotMatch(await text('pending'), /shown; there may be more/);
+  } finally {
+    await page.close();
   }
 });

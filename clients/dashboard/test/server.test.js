@@ -257,9 +257,10 @@ test('a role granted nothing: every section says 42501, no action, and the serve
 });
 
 test('the read-only role: every action is refused by the database (403, 42501), nothing changes', async () => {
+  const digest1 = (await one(setup.db, "SELECT id::text FROM throttle.event WHERE queue = 'mail' AND item_key = 'digest:1'")).id;
   for (const [action, body] of [
     ['retry', { id: dead['hook:3'] }],
-    ['cancel', { queue: 'mail', item_key: 'digest:1' }],
+    ['cancel', { id: digest1, queue: 'mail', item_key: 'digest:1' }],
     ['pause', { queue: 'mail' }],
     ['resume', { queue: 'reports' }],
   ]) {
@@ -286,18 +287,25 @@ test('the operator: retry, cancel, pause and resume work, and say why when they 
   assert.equal(res.status, 404);
   assert.equal(res.json.error, 'no event 987654321');
 
-  res = await post(op, 'cancel', { queue: 'mail', item_key: 'digest:3' });
+  // Cancel names the event the page's row shows (its id, with its queue and item_key).
+  const idOf = async (queue, key) => (await one(setup.db, 'SELECT id::text FROM throttle.event WHERE queue = $1 AND item_key = $2', [queue, key])).id;
+  const digest3 = await idOf('mail', 'digest:3');
+  res = await post(op, 'cancel', { id: digest3, queue: 'mail', item_key: 'digest:3' });
   assert.equal(res.status, 200, res.text);
   assert.equal((await one(setup.db, "SELECT state FROM throttle.all_events WHERE queue = 'mail' AND item_key = 'digest:3'")).state, 'cancelled');
-  res = await post(op, 'cancel', { queue: 'mail', item_key: 'digest:3' });
+  res = await post(op, 'cancel', { id: digest3, queue: 'mail', item_key: 'digest:3' });
   assert.equal(res.status, 409);
-  assert.match(res.json.error, /found no pending event 'digest:3' in queue 'mail': event [0-9]+ was cancelled at/);
-  res = await post(op, 'cancel', { queue: 'mail', item_key: 'nothing-like-it' });
+  assert.equal(res.json.error, `event ${digest3} is cancelled, not pending: nothing was cancelled (reload the page)`);
+  res = await post(op, 'cancel', { id: '987654321', queue: 'mail', item_key: 'nothing-like-it' });
   assert.equal(res.status, 404);
-  assert.match(res.json.error, /the queue has no event with that item_key/);
-  res = await post(op, 'cancel', { queue: 'orders', item_key: 'order:1' });
+  assert.equal(res.json.error, 'no event 987654321');
+  res = await post(op, 'cancel', { id: await idOf('orders', 'order:1'), queue: 'orders', item_key: 'order:1' });
   assert.equal(res.status, 409);
   assert.match(res.json.error, /is claimed by 'worker-7'/);
+  res = await post(op, 'cancel', { id: await idOf('mail', 'digest:2'), queue: 'mail', item_key: 'digest:1' });
+  assert.equal(res.status, 409, 'an id of another item_key');
+  assert.match(res.json.error, /is not "digest:1" of queue "mail"/);
+  assert.equal((await one(setup.db, "SELECT count(*)::int AS n FROM throttle.event WHERE queue = 'mail' AND item_key IN ('digest:1', 'digest:2') AND state = 'pending'")).n, 2);
 
   res = await post(op, 'pause', { queue: 'mail' });
   assert.equal(res.status, 200, res.text);
@@ -375,10 +383,10 @@ test('bad input gets a clear JSON error, and the server goes on', async () => {
     ['retry', '{"id": "9223372036854775808"}', 400, /"id" must be an event id/],
     ['retry', '{"id": "9223372036854775807"}', 404, /no event/],
     ['retry', '{"id": {"toString": 1}}', 400, /"id" must be an event id/],
-    ['cancel', '{"queue": "mail"}', 400, /"item_key" is required/],
-    ['cancel', '{"queue": 42, "item_key": "x"}', 400, /"queue" must be a string/],
-    ['cancel', `{"queue": "${'q'.repeat(64)}", "item_key": "x"}`, 400, /longer than 63 bytes/],
-    ['cancel', '{"queue": "mail", "item_key": "a\\u0000b"}', 400, /NUL/],
+    ['cancel', '{"queue": "mail", "item_key": "x"}', 400, /"id" must be an event id/],
+    ['cancel', '{"id": "1", "queue": 42, "item_key": "x"}', 400, /"queue" must be a string/],
+    ['cancel', `{"id": "1", "queue": "${'q'.repeat(64)}", "item_key": "x"}`, 400, /longer than 63 bytes/],
+    ['cancel', '{"id": "1", "queue": "mail", "item_key": "a\\u0000b"}', 400, /NUL/],
     ['pause', '{"queue": ""}', 400, /queue/],
     ['pause', `{"queue": "mail", "group_key": "${'g'.repeat(1025)}"}`, 400, /longer than 1024 bytes/],
     ['pause', '{"queue": "mail", "group_key": 7}', 400, /"group_key" must be a string/],

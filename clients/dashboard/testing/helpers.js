@@ -132,12 +132,15 @@ async function start(setup, role, options = {}) {
   return createDashboard({ ...where, port: 0, ...options });
 }
 
-// One HTTP request to the dashboard; Host is the dashboard's own unless given.
+// One HTTP request to the dashboard; Host is the dashboard's own unless given,
+// and X-PGTD-Read: 1 is sent as the page sends it (a header given as null is
+// left out).
 function request(dash, { method = 'GET', path: p = '/', headers = {}, body } = {}) {
+  const all = { Host: `127.0.0.1:${dash.port}`, 'X-PGTD-Read': '1', ...headers };
+  for (const [k, v] of Object.entries(all)) if (v === null) delete all[k];
   return new Promise((resolve, reject) => {
     const req = http.request({
-      host: '127.0.0.1', port: dash.port, method, path: p,
-      headers: { Host: `127.0.0.1:${dash.port}`, ...headers },
+      host: '127.0.0.1', port: dash.port, method, path: p, headers: all,
     }, (res) => {
       const chunks = [];
       res.on('data', (c) => chunks.push(c));
