@@ -12,7 +12,7 @@ const http = require('node:http');
 const path = require('node:path');
 const puppeteer = require('puppeteer-core');
 
-const { createSetup, seed, start, one, request } = require('../testing/helpers');
+const { createSetup, seed, start, one, request } = require('../testkit/helpers');
 
 const CHROMIUM = process.env.CHROMIUM_PATH || '/usr/bin/chromium';
 

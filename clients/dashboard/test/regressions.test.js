@@ -12,7 +12,7 @@ const path = require('node:path');
 const readline = require('node:readline');
 const pg = require('pg');
 
-const { createSetup, start, request, post } = require('../testing/helpers');
+const { createSetup, start, request, post } = require('../testkit/helpers');
 const { DEAD_SQL } = require('../lib/queries');
 
 const BIN = path.join(__dirname, '..', 'bin', 'pg-throttle-dashboard.js');

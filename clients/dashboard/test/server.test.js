@@ -9,7 +9,7 @@ const net = require('node:net');
 const path = require('node:path');
 const readline = require('node:readline');
 
-const { createSetup, seed, start, request, post, actionHeaders, one } = require('../testing/helpers');
+const { createSetup, seed, start, request, post, actionHeaders, one } = require('../testkit/helpers');
 const { createDashboard, VersionError } = require('../lib/server');
 
 const BIN = path.join(__dirname, '..', 'bin', 'pg-throttle-dashboard.js');
