@@ -119,9 +119,12 @@ export interface WorkerBaseOptions {
   /** SIGTERM/SIGINT: stop(); a second one: stop({ abort: true }); a third exits. Default false. */
   handleSignals?: boolean;
   applicationName?: string;
-  /** Seconds a query of the worker's session may go unanswered before the worker stops
-   * (a stalled connection; wait() rejects with code PG_THROTTLE_STALLED). Default max(lease/3, 5). */
-  queryTimeout?: number;
+  /** Seconds a query of the worker's session may go unanswered before the worker asks the
+   * server (through its listening session) what the session's backend does: still working (or
+   * waiting on a lock), it waits on; idle, gone, or no answer to that probe within
+   * queryTimeout/2, the connection is stalled and the worker stops (wait() rejects with code
+   * PG_THROTTLE_STALLED). null or omitted: max(lease/3, 5). */
+  queryTimeout?: number | null;
   /** Seconds stop({ abort: true }) waits for handlers after aborting them; then their events
    * are handed back and their outcome ignored. Default 1. */
   abortGrace?: number;

@@ -74,6 +74,18 @@ class Deadline {
     this._at = at;
   }
 
+  // Whether it has passed; one passed whose timer has not fired yet (a busy event loop)
+  // expires now.
+  passed() {
+    if (!this.expired && this._timer !== null && performance.now() >= this._at) {
+      clearTimeout(this._timer);
+      this._timer = null;
+      this.expired = true;
+      this._onExpire();
+    }
+    return this.expired;
+  }
+
   _arm() {
     const left = this._at - performance.now();
     if (left <= 0) {
@@ -116,5 +128,11 @@ function errorMessage(value) {
   return text.replace(/\u0000/g, '\uFFFD');
 }
 
-module.exports = { sleep, seconds, timestamp, timerMs, MAX_TIMER_MS, Deadline, leaseMarginMs,
+// A retry's delay: base * 2^(attempt - 1), at most cap, times a random factor from 0.5 to 1.5
+// (so that workers that collided do not collide again), in ms.
+function backoffMs(attempt, base, cap) {
+  return Math.round(Math.min(base * 2 ** (attempt - 1), cap) * (0.5 + Math.random()));
+}
+
+module.exports = { sleep, backoffMs, seconds, timestamp, timerMs, MAX_TIMER_MS, Deadline, leaseMarginMs,
                    errorMessage };

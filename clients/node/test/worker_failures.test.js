@@ -17,7 +17,7 @@ const workers = [];
 test.before(async () => { db = await connect(); });
 test.afterEach(async () => {
   await Promise.allSettled(workers.splice(0).map((w) => Promise.race([
-    w.stop({ abort: true }), new Promise((r) => setTimeout(r, 3000))])));
+    w.stop({ abort: true }), new Promise((r) => setTimeout(r, 3000).unref())])));
 });
 test.after(() => db.end());
 

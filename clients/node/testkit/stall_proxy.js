@@ -1,6 +1,7 @@
 'use strict';
 // A Unix-socket proxy in front of the test server whose traffic can be held
-// (a stalled network: queries sent, no answer, no error), then cut.
+// (a stalled network: queries sent, no answer, no error), then cut. stall() holds every
+// connection's traffic; stall({ connection: i }) only that of the i-th one made through it.
 const fs = require('node:fs');
 const net = require('node:net');
 const path = require('node:path');
@@ -13,11 +14,16 @@ async function stallProxy() {
   const dir = fs.mkdtempSync('/tmp/pgtp.');
   const socks = [];
   let stalled = false;
+  let count = 0;
+  const stalledOnes = new Set();
   const held = [];
   const server = net.createServer((c) => {
     const s = net.connect(target);
+    const index = count++;
     socks.push(c, s);
-    const fwd = (from, to) => from.on('data', (d) => { if (stalled) held.push([to, d]); else to.write(d); });
+    const fwd = (from, to) => from.on('data', (d) => {
+      if (stalled || stalledOnes.has(index)) held.push([to, d]); else to.write(d);
+    });
     fwd(c, s);
     fwd(s, c);
     c.on('error', () => {}); s.on('error', () => {});
@@ -26,7 +32,7 @@ async function stallProxy() {
   await new Promise((r) => server.listen(path.join(dir, `.s.PGSQL.${port}`), r));
   return {
     connection: { host: dir, port },
-    stall() { stalled = true; },
+    stall({ connection } = {}) { if (connection === undefined) stalled = true; else stalledOnes.add(connection); },
     cut() { for (const x of socks) x.destroy(); },
     async close() { this.cut(); await new Promise((r) => server.close(r)); fs.rmSync(dir, { recursive: true, force: true }); },
   };

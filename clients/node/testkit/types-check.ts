@@ -18,7 +18,9 @@ async function main(): Promise<void> {
   const b = new Worker({ queue: 'q', batch: true, handler: (events, { token }) => events.length + token.length });
   const cfg: ClientConfig = { host: '/tmp', keepAlive: true };   // pg's own config type fits
   const c = new Worker({ queue: 'q', connection: cfg, queryTimeout: 5, abortGrace: 0.5, handler: async () => {} });
+  const d = new Worker({ queue: 'q', queryTimeout: null, handler: async () => {} });   // the default
   void c;
+  void d;
   const n2: string = await withLease(new Client(), 'l', 5, async ({ fence }) => fence);
   void n2;
   void b;
