@@ -11,6 +11,7 @@ const { scheduleMany } = require('..');
 const { connect, unique, one, rows, waitFor } = require('../testkit/db');
 
 const CHILD = path.join(__dirname, '..', 'testkit', 'child_worker.js');
+const { childAfterFirstSigterm } = require('../testkit/signalled_child');
 const LEASE = 2;   // seconds: the killed worker's claim is taken over after this
 
 test('worker processes, one SIGKILLed mid-job: its event is taken over, every event completed once', async (t) => {
@@ -94,22 +95,8 @@ test('worker processes, one SIGKILLed mid-job: its event is taken over, every ev
 
 test('handleSignals: SIGTERM finishes the held work; a second SIGTERM hands it back at once, exit 0', async (t) => {
   const db = await connect();
-  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'pg-throttle-sig.'));
-  const queue = unique('np.signals');
-  const child = fork(CHILD, ['sig-0', queue, '30', path.join(tmp, 'sig-0.jsonl')], { stdio: ['ignore', 'ignore', 'inherit', 'ipc'] });
-  t.after(async () => {
-    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
-    fs.rmSync(tmp, { recursive: true, force: true });
-    await db.end();
-  });
-  const logs = [];
-  let claimed = null;
-  child.on('message', (m) => { if (m.log) logs.push(m.log); if (m.slow) claimed = m.slow; });
-  const exit = new Promise((resolve) => child.on('exit', (code) => resolve(code)));
-  const [slow] = await scheduleMany(db, queue, [{ itemKey: 'slow', payload: { slow: true } }]);
-  assert.ok(await waitFor(() => claimed === slow, 15000));
-  child.kill('SIGTERM');
-  assert.ok(await waitFor(() => logs.includes('SIGTERM: finishing the events held, then exiting')), logs.join('\n'));
+  t.after(() => db.end());
+  const { child, logs, exit, slow } = await childAfterFirstSigterm(t, db, 'sig', unique('np.signals'));
   const t0 = Date.now();
   child.kill('SIGTERM');
   assert.strictEqual(await exit, 0);

@@ -4,34 +4,16 @@
 // queue names.
 const test = require('node:test');
 const assert = require('node:assert');
-const path = require('node:path');
-const fs = require('node:fs');
-const os = require('node:os');
-const { fork } = require('node:child_process');
 const { Worker, schedule, scheduleMany } = require('..');
 const { connect, unique, one, rows, waitFor } = require('../testkit/db');
 const { stallProxy } = require('../testkit/stall_proxy');
+const { useWorkers, sleep, settledWithin } = require('../testkit/workers');
+const { childAfterFirstSigterm } = require('../testkit/signalled_child');
 
 let db;
-const workers = [];
 test.before(async () => { db = await connect(); });
-test.afterEach(async () => {
-  await Promise.allSettled(workers.splice(0).map((w) => Promise.race([
-    w.stop({ abort: true }), new Promise((r) => setTimeout(r, 3000).unref())])));
-});
 test.after(() => db.end());
-
-function makeWorker(options) {
-  const w = new Worker({ pollSeconds: 0.2, lease: 10, ...options });
-  w.messages = [];
-  w.on('log', (m) => w.messages.push(m));
-  w.on('error', () => {});
-  workers.push(w);
-  return w;
-}
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-const settledWithin = (p, ms) => Promise.race([p.then(() => 'resolved', () => 'rejected'),
-  sleep(ms).then(() => 'pending')]);
+const makeWorker = useWorkers(test);
 const eventRow = (id) => one(db, `SELECT state, attempts, last_error,
                                          round(extract(epoch FROM run_at - failed_at)) AS retry_s
                                   FROM throttle.all_events WHERE id = $1`, [id]);
@@ -133,23 +115,8 @@ test('stop({ abort: true }) with a handler that ignores its signal: returns afte
 });
 
 test('handleSignals: a third SIGTERM exits at once while a handler ignores the hand-back', async (t) => {
-  const queue = unique('nf.third');
-  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'pg-throttle-third.'));
-  const child = fork(path.join(__dirname, '..', 'testkit', 'child_worker.js'),
-                     ['third-0', queue, '30', path.join(tmp, 'third-0.jsonl'), JSON.stringify({ ignoreSignal: true, abortGrace: 60 })],
-                     { stdio: ['ignore', 'ignore', 'inherit', 'ipc'] });
-  t.after(() => {
-    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
-    fs.rmSync(tmp, { recursive: true, force: true });
-  });
-  const logs = [];
-  let claimed = null;
-  child.on('message', (m) => { if (m.log) logs.push(m.log); if (m.slow) claimed = m.slow; });
-  const exit = new Promise((resolve) => child.on('exit', (code) => resolve(code)));
-  const [slow] = await scheduleMany(db, queue, [{ itemKey: 'slow', payload: { slow: true } }]);
-  assert.ok(await waitFor(() => claimed === slow, 15000));
-  child.kill('SIGTERM');
-  assert.ok(await waitFor(() => logs.includes('SIGTERM: finishing the events held, then exiting')), logs.join('\n'));
+  const { child, logs, exit, slow } = await childAfterFirstSigterm(t, db, 'third', unique('nf.third'),
+                                                                   { ignoreSignal: true, abortGrace: 60 });
   child.kill('SIGTERM');
   assert.ok(await waitFor(() => logs.includes('second SIGTERM: handing the events held back')), logs.join('\n'));
   const t0 = Date.now();

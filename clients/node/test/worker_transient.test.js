@@ -6,30 +6,15 @@
 // claim waits on a lock. From the second review (rev-node2).
 const test = require('node:test');
 const assert = require('node:assert');
-const { Worker, schedule, scheduleMany } = require('..');
+const { schedule, scheduleMany } = require('..');
 const { connect, unique, one, waitFor } = require('../testkit/db');
 const { stallProxy } = require('../testkit/stall_proxy');
+const { useWorkers, sleep, settledWithin } = require('../testkit/workers');
 
 let db;
-const workers = [];
 test.before(async () => { db = await connect(); });
-test.afterEach(async () => {
-  await Promise.allSettled(workers.splice(0).map((w) => Promise.race([
-    w.stop({ abort: true }), new Promise((r) => setTimeout(r, 3000).unref())])));
-});
 test.after(() => db.end());
-
-function makeWorker(options) {
-  const w = new Worker({ pollSeconds: 0.2, lease: 10, ...options });
-  w.messages = [];
-  w.on('log', (m) => w.messages.push(m));
-  w.on('error', () => {});
-  workers.push(w);
-  return w;
-}
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-const settledWithin = (p, ms) => Promise.race([p.then(() => 'resolved', () => 'rejected'),
-  sleep(ms).then(() => 'pending')]);
+const makeWorker = useWorkers(test);
 const eventRow = (id) => one(db, 'SELECT state, claimed_by, attempts FROM throttle.all_events WHERE id = $1', [id]);
 const state = async (id) => (await eventRow(id)).state;
 // A real server error with the given SQLSTATE, raised on the worker's own session.
