@@ -43,17 +43,17 @@ function text(body, field, { max, optional = false } = {}) {
 }
 
 // `pool`: anything with connect() handing out node-postgres clients.
-// Runs `sql` on a client of its own, collecting the NOTICEs it raises (the
-// reason pg_throttle gives when cancel, pause or resume change nothing).
-async function call(pool, sql, params) {
+// Runs fn(client, notices) on a client of its own, collecting the NOTICEs
+// the statements raise (the reason pg_throttle gives when cancel, pause or
+// resume change nothing); a client whose connection broke is discarded.
+async function withClient(pool, fn) {
   const client = await pool.connect();
   const notices = [];
   const onNotice = (n) => notices.push(n.message + (n.hint ? ` (${n.hint})` : ''));
   client.on('notice', onNotice);
   let broken;
   try {
-    const { rows } = await client.query(sql, params);
-    return { rows, notices };
+    return await fn(client, notices);
   } catch (e) {
     if (!isSqlError(e)) broken = e;
     throw e;
@@ -61,6 +61,14 @@ async function call(pool, sql, params) {
     client.removeListener('notice', onNotice);
     client.release(broken);
   }
+}
+
+// One statement: its rows and the NOTICEs it raised.
+function call(pool, sql, params) {
+  return withClient(pool, async (client, notices) => {
+    const { rows } = await client.query(sql, params);
+    return { rows, notices };
+  });
 }
 
 const ACTIONS = {
@@ -94,42 +102,35 @@ const ACTIONS = {
     const id = eventId(body);
     const queue = text(body, 'queue', { max: 63, optional: true });
     const itemKey = text(body, 'item_key', { optional: true });
-    const client = await pool.connect();
-    const notices = [];
-    const onNotice = (n) => notices.push(n.message + (n.hint ? ` (${n.hint})` : ''));
-    client.on('notice', onNotice);
-    let broken;
-    try {
-      await client.query('BEGIN ISOLATION LEVEL REPEATABLE READ');
-      const { rows: [event] } = await client.query(
-        'SELECT queue, item_key, state, claimed_by FROM throttle.all_events WHERE id = $1::bigint', [id]);
-      let refusal = null;
-      if (!event) refusal = { status: 404, error: `no event ${id}` };
-      else if ((queue !== null && queue !== event.queue) || (itemKey !== null && itemKey !== event.item_key)) {
-        refusal = { status: 409, error: `event ${id} is not ${JSON.stringify(itemKey)} of queue ${JSON.stringify(queue)}` };
-      } else if (event.state !== 'pending') {
-        const by = event.state === 'claimed' && event.claimed_by !== null ? ` by ${quote(event.claimed_by)}` : '';
-        refusal = { status: 409, error: `event ${id} is ${event.state}${by}, not pending: nothing was cancelled (reload the page)` };
+    return withClient(pool, async (client, notices) => {
+      try {
+        await client.query('BEGIN ISOLATION LEVEL REPEATABLE READ');
+        const { rows: [event] } = await client.query(
+          'SELECT queue, item_key, state, claimed_by FROM throttle.all_events WHERE id = $1::bigint', [id]);
+        let refusal = null;
+        if (!event) refusal = { status: 404, error: `no event ${id}` };
+        else if ((queue !== null && queue !== event.queue) || (itemKey !== null && itemKey !== event.item_key)) {
+          refusal = { status: 409, error: `event ${id} is not ${JSON.stringify(itemKey)} of queue ${JSON.stringify(queue)}` };
+        } else if (event.state !== 'pending') {
+          const by = event.state === 'claimed' && event.claimed_by !== null ? ` by ${quote(event.claimed_by)}` : '';
+          refusal = { status: 409, error: `event ${id} is ${event.state}${by}, not pending: nothing was cancelled (reload the page)` };
+        }
+        if (refusal) {
+          await client.query('ROLLBACK');
+          return { status: refusal.status, body: { ok: false, error: refusal.error } };
+        }
+        const { rows } = await client.query('SELECT throttle.cancel($1, $2) AS cancelled', [event.queue, event.item_key]);
+        await client.query('COMMIT');
+        if (rows[0].cancelled) return { status: 200, body: { ok: true, message: `event ${id} is cancelled` } };
+        return { status: 409, body: { ok: false, error: notices.join('\n') || 'nothing was cancelled' } };
+      } catch (e) {
+        await client.query('ROLLBACK').catch(() => {});
+        if (e.code === '40001') {
+          return { status: 409, body: { ok: false, error: `event ${id} changed meanwhile (claimed, done or cancelled): nothing was cancelled (reload the page)` } };
+        }
+        throw e;
       }
-      if (refusal) {
-        await client.query('ROLLBACK');
-        return { status: refusal.status, body: { ok: false, error: refusal.error } };
-      }
-      const { rows } = await client.query('SELECT throttle.cancel($1, $2) AS cancelled', [event.queue, event.item_key]);
-      await client.query('COMMIT');
-      if (rows[0].cancelled) return { status: 200, body: { ok: true, message: `event ${id} is cancelled` } };
-      return { status: 409, body: { ok: false, error: notices.join('\n') || 'nothing was cancelled' } };
-    } catch (e) {
-      await client.query('ROLLBACK').catch(() => {});
-      if (!isSqlError(e)) broken = e;
-      if (e.code === '40001') {
-        return { status: 409, body: { ok: false, error: `event ${id} changed meanwhile (claimed, done or cancelled): nothing was cancelled (reload the page)` } };
-      }
-      throw e;
-    } finally {
-      client.removeListener('notice', onNotice);
-      client.release(broken);
-    }
+    });
   },
 
   async pause(pool, body) {
