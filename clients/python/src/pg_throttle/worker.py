@@ -301,9 +301,8 @@ class _Heartbeat(threading.Thread):
     """Extends a claim every lease/3 until stopped; marks it lost (and asks
     the work to stop) when extend renews fewer events than it was given, or
     raises an error other than a TRANSIENT one on a working connection, or
-    when the claim's local deadline passes with no extend that renewed it
-    (a TRANSIENT error is tried again at the next beat, the deadline at the
-    latest)."""
+    when extends refused by TRANSIENT errors (each tried again at the next
+    beat, the deadline at the latest) reach the claim's local deadline."""
 
     def __init__(self, slot: _Slot, claim: _Claim, cancel: threading.Event):
         super().__init__(daemon=True, name=f"pg_throttle-heartbeat-{slot.index}")
@@ -320,13 +319,6 @@ class _Heartbeat(threading.Thread):
             with self.slot.lock:
                 if self.stopped.is_set() or claim.lost.is_set() or not claim.held:
                     return
-                if claim.left() <= 0:
-                    log.warning("claim %s lost (no extend renewed it within its lease of %s s less %s s): "
-                                "stopping its work", claim.token, worker.lease.total_seconds(),
-                                lease_margin(worker.lease.total_seconds()))
-                    claim.lost.set()
-                    self.cancel.set()
-                    return
                 sent_at = time.monotonic()
                 try:
                     renewed = self.slot.call("SELECT throttle.extend(%s, %s, %s)",
@@ -334,12 +326,20 @@ class _Heartbeat(threading.Thread):
                 except psycopg.Error as e:
                     if _transient(e, self.slot.conn) and claim.left() > 0:
                         # Rolled back, the session works, the lease holds
-                        # still: again at the next beat (the deadline at the
-                        # latest, where the claim is given up).
+                        # still: again at the next beat, or at the deadline
+                        # (an extend that renews everything then still
+                        # proves the claim held; one that fails gives it up).
                         wait = min(every, claim.left())
                         log.warning("extend of claim %s raised %s (%s): trying again in %.1f s",
                                     claim.token, e.sqlstate, _brief(e), wait)
                         continue
+                    if _transient(e, self.slot.conn):
+                        log.warning("claim %s lost (no extend renewed it within its lease of %s s less %s s): "
+                                    "stopping its work", claim.token, worker.lease.total_seconds(),
+                                    lease_margin(worker.lease.total_seconds()))
+                        claim.lost.set()
+                        self.cancel.set()
+                        return
                     # Cannot tell whether the lease holds: better stop than
                     # work on events another worker may have by now. (A lost
                     # connection is reopened before the slot's next claim.)
