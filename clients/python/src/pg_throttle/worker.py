@@ -30,8 +30,12 @@ more fail, whatever the claim still holds. A handler that has not returned
 abort_grace seconds after the abort (it ignores context.cancelled) has its
 events handed back by run() itself, which then returns and leaves that
 thread behind (a daemon): whatever it returns later, its events are never
-completed. A signal after the abort exits the process at once. Either way
-nothing is left claimed until its lease runs out. The hand-back counts an
+completed. A claim that returns after the abort (it waited on a lock) is
+handed back at once, never worked on. A statement of a slot that still runs
+a second after abort_grace (a complete waiting on a lock) is cancelled
+instead, its claim given up and left to its lease, so that run() returns.
+A signal after the abort exits the process at once. Otherwise nothing is
+left claimed until its lease runs out. The hand-back counts an
 attempt, as any fail: an event on its last attempt is dead after it.
 
 What the database refuses in a fail does not end the worker: the error's
@@ -40,12 +44,21 @@ replaced, at most MAX_ERROR_CHARS), RetryLater's delay is clamped to 0 ..
 MAX_RETRY_IN, and a fail still refused is made again with a plain message
 and the queue's backoff. A slot whose connection was lost (the heartbeat's
 extend failed, or the server ended the session while it was idle) is
-reconnected before it is given another claim. Any other SQL error while
-ending a claim's events leaves them to their lease (another worker takes
-them over then) and the worker goes on. A lost connection of the main loop
-(which claims), or a slot that cannot reconnect, ends run() with the error:
-run it under a supervisor that restarts it (its claims are taken over when
-their leases end).
+reconnected before it is given another claim.
+
+A TRANSIENT SQL error (40001, 40P01, 55P03, 57014: the statement rolled
+back, and may well work when sent again) on a connection that still works
+is tried again: a claim after a pause with jitter, the heartbeat's extend at
+its next beat, a complete or fail up to END_TRIES times after a short pause.
+Each claim has a local deadline: lease less lease_margin from when the
+claim, or the last extend that renewed every event, was sent. The heartbeat
+gives the claim up (lost) once it passes with no renewal, and no complete or
+fail is tried again past it. Any other SQL error while ending a claim's
+events leaves them to their lease (another worker takes them over then) and
+the worker goes on. A lost connection of the main loop (which claims), any
+other SQL error of a claim, or a slot that cannot reconnect, ends run() with
+the error: run it under a supervisor that restarts it (its claims are taken
+over when their leases end).
 """
 from __future__ import annotations
 
@@ -54,6 +67,7 @@ import logging
 import os
 import queue as queue_module
 import math
+import random
 import select
 import signal
 import socket
@@ -76,6 +90,44 @@ MAX_RETRY_IN = datetime.timedelta(days=36525)
 #: The longest error text given to throttle.fail, in characters.
 MAX_ERROR_CHARS = 4000
 _TRUNCATED = " ...[truncated]"
+
+#: SQLSTATEs of a statement that rolled back and may well succeed when sent
+#: again on the same, healthy session: a serialization failure (40001), a
+#: deadlock (40P01), a lock not available (55P03, lock_timeout), a statement
+#: cancelled (57014, statement_timeout).
+TRANSIENT = frozenset({"40001", "40P01", "55P03", "57014"})
+
+#: How many times a complete or fail is sent when it raises a TRANSIENT error.
+END_TRIES = 4
+
+
+def _transient(error: BaseException, conn: Optional[psycopg.Connection]) -> bool:
+    """Whether `error` is a TRANSIENT SQL error on a connection that still works."""
+    return (isinstance(error, psycopg.Error) and getattr(error, "sqlstate", None) in TRANSIENT
+            and conn is not None and not conn.closed and not conn.broken)
+
+
+def _brief(error: BaseException) -> str:
+    """An SQL error's primary message, without its CONTEXT (for a log line)."""
+    try:
+        primary = error.diag.message_primary  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - not a server's error
+        primary = None
+    return primary or _safe_str(error)
+
+
+def _backoff(attempt: int, base: float, cap: float) -> float:
+    """A retry's pause: base * 2^(attempt - 1), at most cap, times a random
+    factor from 0.5 to 1.5 (so that workers that collided do not collide
+    again), in seconds."""
+    return min(base * 2 ** (attempt - 1), cap) * (0.5 + random.random())
+
+
+def lease_margin(lease: float) -> float:
+    """The margin, in seconds, before a lease of `lease` seconds may end at
+    which the worker gives a claim up when no extend renewed it: a sixth of
+    the lease, at most 2 s (as the Node client)."""
+    return min(lease / 6, 2.0)
 
 #: An event: a dict of throttle.event's columns (id, queue, item_key,
 #: group_key, payload, attempts, claim_token, ...).
@@ -173,12 +225,25 @@ class Context:
 
 
 class _Claim:
-    """The events of one claim that this worker still holds."""
+    """The events of one claim that this worker still holds, and its local
+    deadline: the lease runs from when the claim, or the last extend that
+    renewed every event, was sent (renewed_at, time.monotonic()); the claim
+    is given up once lease less lease_margin has passed since then with no
+    newer renewal."""
 
-    def __init__(self, token: int, ids: List[int]):
+    def __init__(self, token: int, ids: List[int], sent_at: float, lease: float):
         self.token = token
         self.held = list(ids)      # not yet completed, failed or handed back
         self.lost = threading.Event()
+        self.renewed_at = sent_at
+        self.keep = lease - lease_margin(lease)
+
+    def renewed(self, sent_at: float) -> None:
+        self.renewed_at = max(self.renewed_at, sent_at)
+
+    def left(self) -> float:
+        """Seconds until the local deadline (0 or less: passed)."""
+        return self.renewed_at + self.keep - time.monotonic()
 
 
 class _Slot:
@@ -189,26 +254,35 @@ class _Slot:
     def __init__(self, worker: "Worker", index: int):
         self.worker, self.index = worker, index
         self.conn: Optional[psycopg.Connection] = None
+        self.pid: Optional[int] = None                   # its backend's, for pg_cancel_backend
         # Reentrant: the hand-back of a stuck claim (Worker._give_up) holds it
         # across the fails it runs, so that the slot's own thread cannot end
         # the claim's events in between.
         self.lock = threading.RLock()
-        self.inbox: "queue_module.SimpleQueue[Optional[List[Event]]]" = queue_module.SimpleQueue()
+        self.inbox: "queue_module.SimpleQueue[Optional[tuple]]" = queue_module.SimpleQueue()
         self.cancel: Optional[threading.Event] = None    # the current claim's
-        self.claim: Optional[_Claim] = None              # the current claim
+        # The current claim: set by run() when it hands the claim over, so
+        # that a hand-back after abort_grace (Worker._give_up) finds it even
+        # before the slot's thread has started on it.
+        self.claim: Optional[_Claim] = None
         self.thread = threading.Thread(target=self.run, name=f"pg_throttle-worker-{index}", daemon=True)
 
     def call(self, statement: str, params=None):
         """Runs a statement that returns one value (the caller holds the lock)."""
         return self.conn.execute(statement, params).fetchone()[0]
 
+    def connect(self) -> None:
+        self.conn = connect(self.worker.conninfo)
+        self.pid = self.conn.info.backend_pid
+
     def run(self) -> None:
         while True:
-            events = self.inbox.get()
-            if events is None:
+            item = self.inbox.get()
+            if item is None:
                 return
+            events, claim = item
             try:
-                self.worker._work_on(self, events)
+                self.worker._work_on(self, events, claim)
             except psycopg.Error as e:
                 # A complete or fail the database did not take (the connection
                 # was lost, or it refused even the plain retry of a fail): the
@@ -225,7 +299,10 @@ class _Slot:
 
 class _Heartbeat(threading.Thread):
     """Extends a claim every lease/3 until stopped; marks it lost (and asks
-    the work to stop) when extend renews fewer events than it was given."""
+    the work to stop) when extend renews fewer events than it was given, or
+    raises an error other than a TRANSIENT one on a working connection, or
+    when extends refused by TRANSIENT errors (each tried again at the next
+    beat, the deadline at the latest) reach the claim's local deadline."""
 
     def __init__(self, slot: _Slot, claim: _Claim, cancel: threading.Event):
         super().__init__(daemon=True, name=f"pg_throttle-heartbeat-{slot.index}")
@@ -235,25 +312,46 @@ class _Heartbeat(threading.Thread):
     def run(self) -> None:
         worker = self.slot.worker
         every = worker.lease.total_seconds() / 3
-        while not self.stopped.wait(every):
+        wait = every
+        while not self.stopped.wait(wait):
+            wait = every
+            claim = self.claim
             with self.slot.lock:
-                if self.stopped.is_set() or self.claim.lost.is_set() or not self.claim.held:
+                if self.stopped.is_set() or claim.lost.is_set() or not claim.held:
                     return
+                sent_at = time.monotonic()
                 try:
                     renewed = self.slot.call("SELECT throttle.extend(%s, %s, %s)",
-                                             (self.claim.held, self.claim.token, worker.lease))
+                                             (claim.held, claim.token, worker.lease))
                 except psycopg.Error as e:
+                    if _transient(e, self.slot.conn) and claim.left() > 0:
+                        # Rolled back, the session works, the lease holds
+                        # still: again at the next beat, or at the deadline
+                        # (an extend that renews everything then still
+                        # proves the claim held; one that fails gives it up).
+                        wait = min(every, claim.left())
+                        log.warning("extend of claim %s raised %s (%s): trying again in %.1f s",
+                                    claim.token, e.sqlstate, _brief(e), wait)
+                        continue
+                    if _transient(e, self.slot.conn):
+                        log.warning("claim %s lost (no extend renewed it within its lease of %s s less %s s): "
+                                    "stopping its work", claim.token, worker.lease.total_seconds(),
+                                    lease_margin(worker.lease.total_seconds()))
+                        claim.lost.set()
+                        self.cancel.set()
+                        return
                     # Cannot tell whether the lease holds: better stop than
                     # work on events another worker may have by now. (A lost
                     # connection is reopened before the slot's next claim.)
                     log.error("extend failed: %s", _safe_str(e))
                     renewed = -1
-                if renewed < len(self.claim.held):
+                if renewed < len(claim.held):
                     log.warning("claim %s lost (extend renewed %s of %s events): stopping its work",
-                                self.claim.token, renewed, len(self.claim.held))
-                    self.claim.lost.set()
+                                claim.token, renewed, len(claim.held))
+                    claim.lost.set()
                     self.cancel.set()
                     return
+                claim.renewed(sent_at)
 
 
 class Worker:
@@ -425,7 +523,7 @@ class Worker:
             conn.add_notify_handler(self._on_notify)
             for index in range(self.concurrency):
                 slot = _Slot(self, index)
-                slot.conn = connect(self.conninfo)
+                slot.connect()
                 self._slots.append(slot)
                 self._idle.append(slot)
                 slot.thread.start()
@@ -439,11 +537,21 @@ class Worker:
             self._stopping.set()
             for slot in self._slots:
                 slot.inbox.put(None)
-            self._join_slots()
+            self._join_slots(conn)
             for slot in self._slots:
-                with slot.lock:     # a slot left behind ends nothing on it any more (_give_up)
+                # A slot left behind ends nothing on it any more (_give_up).
+                # One whose statement still runs though cancelled keeps its
+                # connection (closing it under the statement is unsafe): its
+                # thread is a daemon.
+                if not slot.lock.acquire(timeout=self._CANCEL_WAIT):
+                    log.error("worker %s: a statement of slot %s still runs after its cancel: leaving its "
+                              "connection to its thread", self.name, slot.index)
+                    continue
+                try:
                     if slot.conn is not None:
                         slot.conn.close()
+                finally:
+                    slot.lock.release()
             if conn is not None:
                 conn.close()
             for signum, handler in previous.items():
@@ -457,21 +565,45 @@ class Worker:
         self._hinted = True
 
     def _loop(self, conn: psycopg.Connection) -> None:
+        failures = 0                        # TRANSIENT errors of claim in a row
+        lease = self.lease.total_seconds()
         while not self._stopping.is_set():
             with self._mutex:
                 slot = self._idle.pop() if self._idle else None
             if slot is None:                # every slot busy: until one is free
                 self._wait(None, None)
                 continue
+            claiming = False
             try:
                 self._check_connection(slot)    # never claim for a slot that cannot complete
+                claiming = True
+                sent_at = time.monotonic()
                 events = self._claim(conn)
-            except BaseException:
+            except BaseException as e:
                 with self._mutex:
                     self._idle.append(slot)
-                raise
+                if not (claiming and _transient(e, conn)):
+                    raise
+                # The claim rolled back and the session works: claim again,
+                # after a pause with jitter (stop() cuts it short).
+                failures += 1
+                pause = _backoff(failures, 0.05, min(2.0, self.poll))
+                log.warning("worker %s: claim raised %s (%s): claiming again in %.2f s", self.name,
+                            e.sqlstate, _brief(e), pause)
+                self._wait(None, pause)
+                continue
+            failures = 0
+            if events and self._hard_stop.is_set():
+                # Aborted while the claim was in flight: no slot starts on it
+                # (run() may close the slots' connections before one would).
+                self._hand_back_unworked(conn, events)
+                with self._mutex:
+                    self._idle.append(slot)
+                continue
             if events:
-                slot.inbox.put(events)
+                claim = _Claim(events[0]["claim_token"], [e["id"] for e in events], sent_at, lease)
+                slot.claim = claim
+                slot.inbox.put((events, claim))
                 continue
             with self._mutex:
                 self._idle.append(slot)
@@ -494,7 +626,27 @@ class Worker:
             except (BlockingIOError, OSError):
                 pass
 
-    def _join_slots(self) -> None:
+    #: Seconds run() waits for a slot's statement after abort_grace, and again
+    #: after cancelling it, before it leaves the slot behind.
+    _CANCEL_WAIT = 1.0
+
+    def _hand_back_unworked(self, conn: psycopg.Connection, events: List[Event]) -> None:
+        """Hands back, on the main connection, the events of a claim that
+        returned after an abort: the first event alone (in a group in strict
+        order its fail sends the later ones back to pending without counting
+        an attempt), then the rest."""
+        ids, token, zero = [e["id"] for e in events], events[0]["claim_token"], datetime.timedelta(0)
+        log.info("worker %s: a claim returned %s event(s) after the abort: handing them back", self.name,
+                 len(ids))
+        try:
+            for part in (ids[:1], ids[1:]):
+                if part:
+                    conn.execute("SELECT throttle.fail(%s, %s, %s, %s)", (part, token, self.HANDED_BACK, zero))
+        except psycopg.Error as e:
+            log.error("worker %s: handing back failed (%s): the events are left to their lease",
+                      self.name, _safe_str(e))
+
+    def _join_slots(self, conn: Optional[psycopg.Connection]) -> None:
         """Waits for the slots' threads to end; once abort_grace has passed
         since an abort, hands back the claims of those still running instead
         and returns without them."""
@@ -504,19 +656,44 @@ class Worker:
                 return
             if self._hard_stop.is_set() and time.monotonic() >= (self._abort_at or 0) + self.abort_grace:
                 for slot in busy:
-                    self._give_up(slot)
+                    self._give_up(slot, conn)
                 return
             busy[0].thread.join(0.05)
 
-    def _give_up(self, slot: _Slot) -> None:
+    def _cancel_statement(self, conn: Optional[psycopg.Connection], slot: _Slot) -> None:
+        """Cancels the statement a slot's connection runs: pg_cancel_backend
+        on the main connection, else a cancel request of its own."""
+        try:
+            if conn is None or slot.pid is None:
+                raise psycopg.OperationalError("no main connection")
+            conn.execute("SELECT pg_cancel_backend(%s)", (slot.pid,))
+        except psycopg.Error as e:
+            log.warning("worker %s: pg_cancel_backend failed (%s): sending a cancel request", self.name,
+                        _safe_str(e))
+            try:
+                slot.conn.cancel()
+            except Exception as e2:  # noqa: BLE001 - run() returns all the same
+                log.error("worker %s: cancelling slot %s failed: %s", self.name, slot.index, _safe_str(e2))
+
+    def _give_up(self, slot: _Slot, conn: Optional[psycopg.Connection] = None) -> None:
         """Hands back the events of a claim whose handler did not return
         within abort_grace, and makes sure nothing ends them afterwards: the
         claim is marked lost under the slot's lock, which the heartbeat and
-        every complete or fail take first."""
+        every complete or fail take first. When a statement of the slot's
+        holds the lock _CANCEL_WAIT seconds more (a complete waiting on a
+        lock), the claim is marked lost at once (nothing of it is sent, or
+        sent again, afterwards; its events are left to their lease) and the
+        statement is cancelled."""
         claim = slot.claim
         if claim is None:
             return
-        with slot.lock:
+        if not slot.lock.acquire(timeout=self._CANCEL_WAIT):
+            claim.lost.set()
+            log.warning("worker %s: a statement of slot %s still runs %s s after the abort: cancelling it; its "
+                        "claim's events are left to their lease", self.name, slot.index, self.abort_grace)
+            self._cancel_statement(conn, slot)
+            return
+        try:                        # the lock is held
             if claim.lost.is_set() or not claim.held:
                 return
             log.warning("worker %s: a handler did not return %s s after the abort: handing back its claim's "
@@ -527,6 +704,8 @@ class Worker:
                 log.error("worker %s: handing back failed (%s): the events are left to their lease",
                           self.name, _safe_str(e))
             claim.lost.set()
+        finally:
+            slot.lock.release()
 
     def _check_connection(self, slot: _Slot) -> None:
         """Reconnects an idle slot whose connection is lost: closed, broken
@@ -550,7 +729,7 @@ class Worker:
         if conn is not None:
             conn.close()
         slot.conn = None
-        slot.conn = connect(self.conninfo)
+        slot.connect()
 
     def _slot_free(self, slot: _Slot) -> None:
         with self._mutex:
@@ -578,32 +757,51 @@ class Worker:
     def _end(self, slot: _Slot, claim: _Claim, ids: List[int], function: str, *extra) -> int:
         """Runs throttle.complete or throttle.fail (with `extra`: the error and
         retry_in) for events of the claim, unless the claim was lost; how many
-        it ended (-1: lost before)."""
+        it ended (-1: lost before). A TRANSIENT error is sent again, END_TRIES
+        times at most, after a short pause (the slot's lock released), while
+        the connection works, the claim is not lost and its local deadline
+        has not passed."""
         placeholders = ", ".join(["%s"] * (2 + len(extra)))
         statement = f"SELECT throttle.{function}({placeholders})"
-        with slot.lock:
-            if claim.lost.is_set():
-                return -1
-            ids = [event_id for event_id in ids if event_id in claim.held]
-            if not ids:
-                return -1
-            try:
-                ended = slot.call(statement, (ids, claim.token, *extra))
-            except (psycopg.DataError, psycopg.ProgrammingError, ValueError) as e:
-                # The error's text or the delay refused, though cleaned: fail
-                # once more with a plain message and the queue's backoff, so
-                # that the event cannot end every worker that claims it.
-                if function != "fail" or slot.conn.closed or slot.conn.broken:
-                    raise
-                sqlstate = getattr(e, "sqlstate", None)
-                reason = f"SQLSTATE {sqlstate}" if sqlstate else type(e).__name__
-                message = f"{_ascii(str(extra[0]).split(':', 1)[0])} (its error could not be recorded: {reason})"
-                log.error("throttle.fail refused the error of event(s) %s (%s): failing with %r and the queue's "
-                          "backoff instead", ids, _safe_str(e), message)
-                ended = slot.call(statement, (ids, claim.token, message, None))
-            for event_id in ids:
-                claim.held.remove(event_id)
-        return ended
+        attempt = 0
+        while True:
+            attempt += 1
+            with slot.lock:
+                if claim.lost.is_set():
+                    return -1
+                ids = [event_id for event_id in ids if event_id in claim.held]
+                if not ids:
+                    return -1
+                try:
+                    ended = self._end_call(slot, claim, statement, ids, function, extra)
+                except psycopg.Error as e:
+                    if attempt >= END_TRIES or claim.lost.is_set() or claim.left() <= 0 \
+                            or not _transient(e, slot.conn):
+                        raise
+                    pause = min(_backoff(attempt, 0.05, 0.4), max(claim.left(), 0))
+                    log.warning("%s of event(s) %s raised %s (%s): sending it again in %.2f s", function, ids,
+                                e.sqlstate, _brief(e), pause)
+                else:
+                    for event_id in ids:
+                        claim.held.remove(event_id)
+                    return ended
+            time.sleep(pause)
+
+    def _end_call(self, slot: _Slot, claim: _Claim, statement: str, ids: List[int], function: str, extra) -> int:
+        try:
+            return slot.call(statement, (ids, claim.token, *extra))
+        except (psycopg.DataError, psycopg.ProgrammingError, ValueError) as e:
+            # The error's text or the delay refused, though cleaned: fail
+            # once more with a plain message and the queue's backoff, so
+            # that the event cannot end every worker that claims it.
+            if function != "fail" or slot.conn.closed or slot.conn.broken:
+                raise
+            sqlstate = getattr(e, "sqlstate", None)
+            reason = f"SQLSTATE {sqlstate}" if sqlstate else type(e).__name__
+            message = f"{_ascii(str(extra[0]).split(':', 1)[0])} (its error could not be recorded: {reason})"
+            log.error("throttle.fail refused the error of event(s) %s (%s): failing with %r and the queue's "
+                      "backoff instead", ids, _safe_str(e), message)
+            return slot.call(statement, (ids, claim.token, message, None))
 
     def _end_one(self, slot: _Slot, claim: _Claim, event_id: int, function: str, *extra) -> None:
         ended = self._end(slot, claim, [event_id], function, *extra)
@@ -616,25 +814,40 @@ class Worker:
         later events. In a group in strict order, fail sends the claim's later
         events back to pending, to run after the failed one's retry: handling
         them now would run them out of order (and complete would refuse them).
-        extend renews only the events the claim still holds, so it tells."""
-        with slot.lock:
-            if claim.lost.is_set():
-                return False
-            if not claim.held:
-                return True
-            try:
-                renewed = slot.call("SELECT throttle.extend(%s, %s, %s)", (claim.held, claim.token, self.lease))
-            except psycopg.Error as e:
-                # As in the heartbeat: the lease cannot be known to hold.
-                log.error("extend failed: %s", e)
-                renewed = -1
-            if renewed < len(claim.held):
-                claim.lost.set()
-                log.info("claim %s: after a failure extend renewed %s of its %s later events: they are no "
-                         "longer held (strict order hands them back after a failure, or the lease ended); "
-                         "leaving them", claim.token, renewed, len(claim.held))
-                return False
-        return True
+        extend renews only the events the claim still holds, so it tells. As
+        in the heartbeat, a TRANSIENT error is tried again (after a short
+        pause) until the claim's local deadline."""
+        attempt = 0
+        while True:
+            attempt += 1
+            with slot.lock:
+                if claim.lost.is_set():
+                    return False
+                if not claim.held:
+                    return True
+                sent_at = time.monotonic()
+                try:
+                    renewed = slot.call("SELECT throttle.extend(%s, %s, %s)",
+                                        (claim.held, claim.token, self.lease))
+                except psycopg.Error as e:
+                    if not (_transient(e, slot.conn) and claim.left() > 0):
+                        # The lease cannot be known to hold.
+                        log.error("extend failed: %s", _safe_str(e))
+                        claim.lost.set()
+                        return False
+                    pause = min(_backoff(attempt, 0.05, 1.0), claim.left())
+                    log.warning("extend of claim %s raised %s (%s): trying again in %.2f s", claim.token,
+                                e.sqlstate, _brief(e), pause)
+                else:
+                    if renewed < len(claim.held):
+                        claim.lost.set()
+                        log.info("claim %s: after a failure extend renewed %s of its %s later events: they are "
+                                 "no longer held (strict order hands them back after a failure, or the lease "
+                                 "ended); leaving them", claim.token, renewed, len(claim.held))
+                        return False
+                    claim.renewed(sent_at)
+                    return True
+            time.sleep(pause)
 
     def _hand_back(self, slot: _Slot, claim: _Claim) -> None:
         """Gives back every event the claim still holds, due again at once
@@ -684,8 +897,7 @@ class Worker:
             encoding = "utf-8"
         return error_text(error, encoding), retry_in
 
-    def _work_on(self, slot: _Slot, events: List[Event]) -> None:
-        claim = _Claim(events[0]["claim_token"], [e["id"] for e in events])
+    def _work_on(self, slot: _Slot, events: List[Event], claim: _Claim) -> None:
         # One cancel flag per claim: set by the heartbeat (claim lost) or by
         # stop(abort=True), read by the work. Published before hard_stop is
         # read, so that an abort in between is not missed.
