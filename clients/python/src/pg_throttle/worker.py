@@ -639,9 +639,15 @@ class Worker:
         log.info("worker %s: a claim returned %s event(s) after the abort: handing them back", self.name,
                  len(ids))
         try:
-            for part in (ids[:1], ids[1:]):
-                if part:
-                    conn.execute("SELECT throttle.fail(%s, %s, %s, %s)", (part, token, self.HANDED_BACK, zero))
+            conn.execute("SELECT throttle.fail(%s, %s, %s, %s)", (ids[:1], token, self.HANDED_BACK, zero))
+            rest = ids[1:]
+            if rest:
+                ended = conn.execute("SELECT throttle.fail(%s, %s, %s, %s)",
+                                     (rest, token, self.HANDED_BACK, zero)).fetchone()[0]
+                if 0 <= ended < len(rest):
+                    log.info("claim %s: %s of its %s later events were no longer held (in a group in strict "
+                             "order the first one's fail sent them back to pending; else the lease ended)",
+                             token, len(rest) - ended, len(rest))
         except psycopg.Error as e:
             log.error("worker %s: handing back failed (%s): the events are left to their lease",
                       self.name, _safe_str(e))
