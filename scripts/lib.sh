@@ -65,14 +65,11 @@ PACKAGES=(
 LINT_PACKAGES=(clang-format clang-tidy)
 # The real components the suites of one version run pg_throttle with: a
 # connection pooler, the Prometheus exporter, and the clients of examples/
-# and the client packages of clients/ (psycopg 3 and pytest; Node.js with npm, unless the
-# machine has them already; Chromium, for the dashboard's browser test).
+# and the client packages of clients/ (psycopg 3 and pytest, and what pip needs to install
+# the Python package into a virtual environment; Node.js with npm, unless the machine has them
+# already; Chromium, for the dashboard's browser test).
 CLIENT_PACKAGES=(pgbouncer prometheus-postgres-exporter python3-psycopg python3-psycopg-pool
-    python3-pytest chromium)
-
-# What test/client_install.py needs on this machine: it installs the client packages the
-# way a user does (pip into a virtual environment; npm, added by install_client_packages).
-INSTALL_CHECK_PACKAGES=(python3-venv python3-pip python3-setuptools)
+    python3-pytest python3-venv python3-pip python3-setuptools chromium)
 
 package_installed() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"

@@ -26,10 +26,11 @@ parse_pg_flags "bash scripts/test.sh [--pg VERSION]..." "$@"
 # The host's own packages: lint, the build, and debootstrap when a tree is needed.
 set -e
 if versions_need_a_tree; then
-    install_missing_packages "${LINT_PACKAGES[@]}" "${INSTALL_CHECK_PACKAGES[@]}" pgxnclient debootstrap
+    install_missing_packages "${LINT_PACKAGES[@]}" pgxnclient debootstrap
 else
-    install_missing_packages "${LINT_PACKAGES[@]}" "${INSTALL_CHECK_PACKAGES[@]}" pgxnclient
+    install_missing_packages "${LINT_PACKAGES[@]}" pgxnclient
 fi
+# test/client_install.py installs the client packages as a user does (pip, npm).
 install_client_packages
 set +e
 cd "$ROOT"

@@ -5,7 +5,6 @@ import shutil
 import subprocess
 import sys
 
-import pytest
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -17,8 +16,8 @@ def test_pip_install_into_a_venv(tmp_path):
     venv = tmp_path / "venv"
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
     made = subprocess.run([python, "-m", "venv", "--system-site-packages", str(venv)], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"no venv here: {made.stderr.strip()}")
+    # The test command installs python3-venv wherever it runs this suite.
+    assert made.returncode == 0, f"python3 -m venv: {made.stderr.strip()}"
     bin_python = str(venv / "bin" / "python")
     installed = subprocess.run([bin_python, "-m", "pip", "install", "--no-build-isolation", "--no-index",
                                 "--disable-pip-version-check", "--quiet", str(source)],
